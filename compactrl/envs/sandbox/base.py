@@ -1,0 +1,68 @@
+"""The sandbox protocol: one interface, three backends (``sim``, ``local``, ``docker``).
+
+The environment implements every file tool (view, search, replace, create) on top of
+``read_file`` / ``write_file`` / ``list_files``, so those tools behave identically on every
+backend; only ``exec`` (shell) and ``run_tests`` touch a real process.
+
+Failures of the agent's commands are observations (an :class:`ExecResult` with a non-zero exit
+code, ``timed_out=True``, clipped output). Failures of the infrastructure (the sandbox process died,
+the container vanished, the engine is unreachable) raise :class:`SandboxError`; the env turns them
+into a truncated episode with ``info["sandbox_error"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from compactrl.envs.task import Task
+
+
+class SandboxError(RuntimeError):
+    """The sandbox infrastructure failed (not the agent's command)."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Result of one shell command. ``output`` is stdout+stderr decoded with replacement."""
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class TestReport:
+    """Verdict of a test run: per-test outcome plus the (possibly clipped) raw output."""
+
+    passed: tuple[str, ...]
+    failed: tuple[str, ...]
+    output: str
+    success: bool
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    backend: str
+
+    def start(self, task: Task) -> None:
+        """Prepare a fresh work dir holding ``task.files`` and run ``task.setup``."""
+
+    def read_file(self, path: str) -> str:
+        """Contents of a work-dir file. Raises ``FileNotFoundError`` / ``IsADirectoryError``."""
+
+    def write_file(self, path: str, content: str) -> None:
+        """Create or overwrite a work-dir file (parents created). ``PermissionError`` outside it."""
+
+    def list_files(self) -> list[str]:
+        """Sorted relative paths of every regular file in the work dir."""
+
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Run a shell command in the work dir (sim: a documented subset)."""
+
+    def run_tests(self) -> TestReport:
+        """Run the task's check (writing its hidden files first) and report the verdict."""
+
+    def close(self) -> None:
+        """Release everything (processes, containers, temp dirs). Idempotent."""

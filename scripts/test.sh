@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up and run the test suite (what CI runs). Extra args go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --system || exit 1
+.venv/bin/ruff check compactrl tests benchmarks examples scripts || exit 1
+.venv/bin/python -m pytest -m "not slow and not gpu" "$@"
