@@ -1,0 +1,47 @@
+"""``compactrl`` command line: ``train | eval | serve | bench``.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only dispatches, so the modules stay importable without the CLI and import lazily
+(``compactrl serve`` does not pay for the trainer's imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+SUBCOMMANDS = {
+    "train": ("compactrl.algos.train_cli", "train a policy (SFT warm start, then PPO or GRPO)"),
+    "eval": ("compactrl.evaluation", "evaluate a policy on an environment or a task set"),
+    "serve": ("compactrl.policies.serve", "serve a local Hugging Face model over an OpenAI-compatible API"),
+    "bench": ("compactrl.bench", "run a benchmark script from benchmarks/"),
+}
+
+
+def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser | None]:
+    parser = argparse.ArgumentParser(prog="compactrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    chosen_parser = None
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # import only the module that runs
+            importlib.import_module(module).add_arguments(p)
+            chosen_parser = p
+    return parser, chosen_parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, _ = build_parser(argv)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
