@@ -1,0 +1,27 @@
+"""Policies: scripted (oracle, random), Hugging Face models, vLLM engines, OpenAI-compatible clients.
+
+Names are resolved lazily so that ``import compactrl.policies`` stays cheap and optional
+dependencies (vllm) are imported only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "OraclePolicy": "compactrl.policies.scripted",
+    "RandomPolicy": "compactrl.policies.scripted",
+    "tiny_moe": "compactrl.policies.tiny_moe",
+    "TransformersPolicy": "compactrl.policies.transformers_policy",
+    "ValueModel": "compactrl.policies.critic",
+    "VLLMPolicy": "compactrl.policies.vllm_policy",
+    "OpenAICompletionsPolicy": "compactrl.policies.openai_client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'compactrl.policies' has no attribute {name!r}")
