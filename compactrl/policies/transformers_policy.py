@@ -1,0 +1,415 @@
+"""A policy around any local Hugging Face causal LM: batched sampling with exact log-probs, and the
+differentiable ``log_prob`` the losses train with.
+
+Log-prob semantics (one rule for every policy in compactrl): the log-probs returned at sampling are
+those of the distribution the token was actually drawn from, ``log_softmax(truncate(logits / T))``
+where ``truncate`` keeps the ``top_k`` / ``top_p`` set (vLLM's ``logprobs_mode="processed_logprobs"``).
+Greedy decoding (``temperature=0``) reports the ``T=1`` distribution. ``log_prob`` recomputes the same
+quantity (same temperature and truncation, by default the policy's own), so the PPO ratio compares
+like with like. With the defaults ``temperature=1, top_k=0, top_p=1`` it is the plain model
+log-likelihood.
+
+Generation is a hand-written loop over ``model.forward`` with a ``DynamicCache``: prompts of unequal
+length are left-padded, position ids count real tokens only (so they equal the right-padded training
+positions), finished rows leave the batch, and each row stops at its own end-of-turn token or budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from compactrl.types import PolicyRequest, TokenResponse
+
+logger = logging.getLogger(__name__)
+
+END_OF_TURN_TOKENS = ("<|im_end|>",)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is drawn."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p`` (1 = off)."""
+    top_k: int = 0
+    """Keep the ``top_k`` most likely tokens (0 = off)."""
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature of the distribution whose log-probs are reported (1 when greedy)."""
+        return 1.0 if self.greedy else self.temperature
+
+
+# --------------------------------------------------------------------------------------------------
+# pure maths shared by sampling and training
+
+
+def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k / top-p set to the dtype's lowest finite value.
+
+    A finite floor (not ``-inf``) keeps ``0 * log_prob`` finite for masked-out positions in losses.
+    """
+    if top_k <= 0 and top_p >= 1.0:
+        return logits
+    floor = torch.finfo(logits.dtype).min
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, floor)
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (the top one always stays)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, floor)
+    return logits
+
+
+def sampling_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Log-probs over the vocabulary of the distribution ``sampling`` draws from (float32)."""
+    scaled = logits.float() / sampling.logprob_temperature
+    return torch.log_softmax(truncate_logits(scaled, sampling.top_k, sampling.top_p), dim=-1)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that count real tokens only: identical for left- and right-padded rows."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def shift_token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` and the entropy there; 0 at t=0 and padding."""
+    logp = sampling_log_probs(logits[:, :-1], sampling)
+    token_lp = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    zero = token_lp.new_zeros(tokens.shape[0], 1)
+    keep = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+    token_lp = torch.cat([zero, token_lp.masked_fill(~keep, 0.0)], dim=1)
+    entropy = torch.cat([zero, entropy.masked_fill(~keep, 0.0)], dim=1)
+    return token_lp, entropy
+
+
+def router_aux_loss(model: nn.Module, router_logits: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Switch-Transformer load-balancing loss over every MoE layer, padding excluded (unscaled).
+
+    Uses the softmax of the router logits for every architecture; GLM-4-MoE routes with a sigmoid
+    plus a bias correction, for which this is the usual auxiliary proxy. Dense models give 0.
+    """
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    cfg = model.config
+    num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if not router_logits or num_experts is None:
+        return torch.zeros((), device=attention_mask.device)
+    layers = tuple(r for r in router_logits if r is not None)
+    return load_balancing_loss_func(layers, num_experts, cfg.num_experts_per_tok, attention_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# batched generation
+
+
+@dataclass
+class Generated:
+    """One generated continuation."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finished: bool
+    """The last token is a stop (end-of-turn) token."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per step, the ``k`` most likely (id, log-prob) pairs of the sampling distribution, when asked."""
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _draw(logp: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    if sampling.greedy:
+        return logp.argmax(-1)
+    # inverse CDF: one uniform per row (torch.multinomial costs ~4 ms per [32, 4096] call on CPU)
+    cdf = logp.exp().cumsum(-1)
+    u = torch.rand((logp.shape[0], 1), generator=generator, device=logp.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logp.shape[-1] - 1)
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: Sequence[int],
+    *,
+    sampling: SamplingConfig,
+    stop_ids: Iterable[int],
+    pad_id: int = 0,
+    generator: torch.Generator | None = None,
+    top_logprobs: int = 0,
+    report: SamplingConfig | None = None,
+) -> list[Generated]:
+    """Sample continuations of ``prompts`` in one batch (KV cache, per-row stop and budget).
+
+    Log-probs are those of ``sampling``'s distribution, or of ``report``'s when given (e.g.
+    ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model).
+    """
+    if len(prompts) != len(max_new_tokens):
+        raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    stop = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=device)
+    results = [Generated([], [], False, [] if top_logprobs else None) for _ in prompts]
+    budget = torch.tensor([int(n) for n in max_new_tokens], device=device)
+    ids, mask = _left_pad(prompts, pad_id, device)
+    positions = positions_from_mask(mask)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    rows = torch.arange(len(prompts), device=device)  # original index of each live batch row
+    next_pos = positions[:, -1] + 1
+    live = budget > 0
+    step = 0
+    while True:
+        if not bool(live.all()):
+            keep = live.nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            rows, mask, next_pos, budget = rows[keep], mask[keep], next_pos[keep], budget[keep]
+            out.logits = out.logits[keep]
+        logp = sampling_log_probs(out.logits[:, -1], sampling)
+        tok = _draw(logp, sampling, generator)
+        if report is not None and report != sampling:
+            logp = sampling_log_probs(out.logits[:, -1], report)
+        tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+        top = torch.topk(logp, top_logprobs, dim=-1) if top_logprobs else None
+        for j, (r, t, lp) in enumerate(zip(rows.tolist(), tok.tolist(), tok_lp.tolist())):
+            res = results[r]
+            res.token_ids.append(t)
+            res.log_probs.append(lp)
+            if top is not None:
+                res.top_logprobs.append(list(zip(top.indices[j].tolist(), top.values[j].tolist())))
+        step += 1
+        finished = torch.isin(tok, stop)
+        for r in rows[finished].tolist():
+            results[r].finished = True
+        live = ~finished & (budget > step)
+        if not bool(live.any()):
+            break
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                    cache=cache, use_cache=True)
+        next_pos = next_pos + 1
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# the policy
+
+
+def default_stop_ids(tokenizer, model=None) -> list[int]:
+    """End-of-turn ids: ``<|im_end|>`` if the vocabulary has it, the eos token, the model's eos ids."""
+    ids: list[int] = []
+    vocab = tokenizer.get_vocab()
+    ids += [vocab[t] for t in END_OF_TURN_TOKENS if t in vocab]
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    gen_cfg = getattr(model, "generation_config", None)
+    eos = getattr(gen_cfg, "eos_token_id", None)
+    if eos is not None:
+        ids += [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    if not ids:
+        raise ValueError("cannot tell the end-of-turn token: pass stop_token_ids")
+    return sorted(set(ids))
+
+
+def prompt_ids_for(request: PolicyRequest, tokenizer) -> list[int]:
+    """The request's exact prompt ids, or its messages rendered with the chat template."""
+    if request.prompt_token_ids is not None:
+        return [int(t) for t in request.prompt_token_ids]
+    enc = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=True)
+    ids = enc["input_ids"] if not isinstance(enc, list) else enc
+    return [int(t) for t in ids]
+
+
+def to_token_response(gen: Generated, tokenizer, stop_ids: Iterable[int]) -> TokenResponse:
+    """Text is the decode of the ids without the end-of-turn token; ids and log-probs are kept whole."""
+    body = gen.token_ids[:-1] if gen.finished and gen.token_ids and gen.token_ids[-1] in set(stop_ids) \
+        else gen.token_ids
+    text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return TokenResponse(text, gen.token_ids, gen.log_probs, finished=gen.finished)
+
+
+def budgets(requests: Sequence[PolicyRequest], prompt_lens: Sequence[int], cap: int, context: int) -> list[int]:
+    """New-token budget per request: the request's (if any) within the policy's cap and the context."""
+    out = []
+    for req, n in zip(requests, prompt_lens):
+        if n >= context:
+            raise ValueError(f"prompt of {n} tokens does not fit the model's context of {context} tokens")
+        want = cap if req.max_new_tokens is None else min(int(req.max_new_tokens), cap)
+        out.append(max(0, min(want, context - n)))
+    return out
+
+
+class TransformersPolicy(nn.Module):
+    """A Hugging Face causal LM as a compactrl policy (``act``) and as a trainable module (``log_prob``).
+
+    ``state_dict()`` / ``load_state_dict()`` pass through to ``model`` (Hugging Face parameter names);
+    ``save_pretrained(dir)`` writes model and tokenizer, ``from_pretrained(dir)`` reads them back.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        max_new_tokens: int = 512,
+        seed: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        max_batch_size: int = 64,
+    ) -> None:
+        super().__init__()
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+        self.max_new_tokens = max_new_tokens
+        self.max_batch_size = max_batch_size
+        self.stop_token_ids = sorted(set(stop_token_ids)) if stop_token_ids else default_stop_ids(tokenizer, model)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        self.generator = torch.Generator(device=next(model.parameters()).device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self, *args, **kwargs):  # Hugging Face names, so the dict loads into vLLM / HF as is
+        return self.model.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def save_pretrained(self, path) -> None:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype: torch.dtype = torch.float32, **kwargs) -> TransformersPolicy:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, experts_implementation="grouped_mm")
+        return cls(model.eval(), AutoTokenizer.from_pretrained(path), **kwargs)
+
+    # -- acting ------------------------------------------------------------------------------------
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[str]:
+        prompts = [prompt_ids_for(r, self.tokenizer) for r in requests]
+        limits = budgets(requests, [len(p) for p in prompts], self.max_new_tokens, self.context_length)
+        gens = self.generate(prompts, limits)
+        return [to_token_response(g, self.tokenizer, self.stop_token_ids) for g in gens]
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int] | int, *,
+        sampling: SamplingConfig | None = None, top_logprobs: int = 0,
+    ) -> list[Generated]:
+        """Continuations of token-id prompts, batched ``max_batch_size`` at a time (similar lengths together)."""
+        if isinstance(max_new_tokens, int):
+            max_new_tokens = [max_new_tokens] * len(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
+        out: list[Generated | None] = [None] * len(prompts)
+        for start in range(0, len(order), self.max_batch_size):
+            chunk = order[start:start + self.max_batch_size]
+            gens = generate_tokens(
+                self.model, [prompts[i] for i in chunk], [max_new_tokens[i] for i in chunk],
+                sampling=sampling or self.sampling, stop_ids=self.stop_token_ids, pad_id=self.pad_token_id,
+                generator=self.generator, top_logprobs=top_logprobs,
+            )
+            for i, g in zip(chunk, gens):
+                out[i] = g
+        return out  # type: ignore[return-value]
+
+    # -- training ----------------------------------------------------------------------------------
+
+    def _sampling_for(self, temperature, top_k, top_p) -> SamplingConfig:
+        s = self.sampling
+        t = s.logprob_temperature if temperature is None else temperature
+        return SamplingConfig(
+            temperature=t if t > 0 else 1.0,
+            top_k=s.top_k if top_k is None else top_k,
+            top_p=s.top_p if top_p is None else top_p,
+        )
+
+    def log_prob(
+        self,
+        tokens: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        return_aux_loss: bool = False,
+    ):
+        """Per-token log-probs and entropies ``[N, L]`` of ``tokens`` under the current weights.
+
+        ``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` from the logits at ``t - 1``; position 0
+        and padding are 0. Differentiable. The distribution is the policy's sampling distribution
+        (its temperature, top-k, top-p) unless overridden. With ``return_aux_loss=True`` a third
+        value is the MoE router load-balancing loss (unscaled; multiply by e.g.
+        ``model.config.router_aux_loss_coef``).
+        """
+        if tokens.shape != attention_mask.shape or tokens.dim() != 2:
+            raise ValueError(f"tokens and attention_mask must both be [N, L], got {tuple(tokens.shape)} "
+                             f"and {tuple(attention_mask.shape)}")
+        mask = attention_mask.long()
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
+                         use_cache=False, output_router_logits=return_aux_loss)
+        lp, ent = shift_token_log_probs(out.logits, tokens, mask, self._sampling_for(temperature, top_k, top_p))
+        if return_aux_loss:
+            return lp, ent, router_aux_loss(self.model, getattr(out, "router_logits", None), mask)
+        return lp, ent
+
+    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
+        return self.log_prob(tokens, attention_mask, **kwargs)
