@@ -1,0 +1,230 @@
+"""What a training run leaves on disk, and how a killed run is resumed.
+
+Layout of a run directory::
+
+    config.json          resolved TrainConfig (written once; a resume reads it back)
+    metrics.jsonl        one JSON row per iteration (row 0: evaluation after SFT, before RL)
+    tb/                  TensorBoard event files (torch.utils.tensorboard)
+    checkpoint.pt        last checkpoint: policy, critic, optimisers, RNG states, iteration, collector
+    sft_model/           the policy after the SFT warm start (Hugging Face format), the RL start point
+    plots/*.png          learning curves (and plots/curves.png, all of them on one page)
+    report.md            short summary: configuration, SFT vs final held-out success, curves
+
+Consistency rule: an iteration's metrics row is appended *before* its checkpoint is written, and
+every checkpoint records how many rows it covers. On resume, rows past the checkpoint are
+dropped (they belong to an iteration that will be redone), so the final file has exactly one row
+per completed iteration whatever the moment of the kill. Every file is written to a temporary
+name and renamed into place, so a kill never leaves a half-written checkpoint or config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+CURVES = (
+    ("eval/success_rate", "held-out success rate"),
+    ("train/success_rate", "training success rate"),
+    ("train/reward_mean", "training reward per episode"),
+    ("train/traces_per_episode", "traces per episode"),
+    ("train/summary_tokens_per_episode", "summary tokens per episode"),
+    ("loss/value", "value loss"),
+    ("loss/clip_fraction", "clip fraction"),
+    ("loss/kl", "KL(sampling || current)"),
+)
+"""(metric key, title) of every learning curve the run draws."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+class RunDir:
+    """A run directory: config, metrics rows, TensorBoard, checkpoints, plots and report."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metrics_path = self.path / "metrics.jsonl"
+        self.checkpoint_path = self.path / "checkpoint.pt"
+        self.config_path = self.path / "config.json"
+        self.sft_model_path = self.path / "sft_model"
+        self._tb = None
+
+    # -- config ------------------------------------------------------------------------------------
+
+    def create(self, config_json: str, *, resume: bool) -> None:
+        """Make the directory for a new run, or check it for a resumed one."""
+        if resume:
+            if not self.config_path.exists():
+                raise ValueError(f"--resume: {self.path} has no config.json (not a run directory)")
+            return
+        if self.config_path.exists():
+            raise ValueError(f"out: {self.path} already holds a run; pass --resume to continue it or another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, config_json)
+
+    def read_config(self) -> dict[str, Any]:
+        return json.loads(self.config_path.read_text())
+
+    # -- metrics -----------------------------------------------------------------------------------
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        rows = []
+        for line in self.metrics_path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a row cut short by a kill: it and anything after it are not complete
+        return rows
+
+    def truncate_rows(self, keep: int) -> None:
+        """Keep the first ``keep`` rows (those covered by the last checkpoint)."""
+        rows = self.rows()[:keep]
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+    def append_row(self, row: dict[str, Any]) -> None:
+        clean = {k: _jsonable(v) for k, v in row.items()}
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(clean, sort_keys=True) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        tb = self.tensorboard(row.get("iteration", 0))
+        step = int(row.get("iteration", 0))
+        for k, v in clean.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iteration" and math.isfinite(v):
+                tb.add_scalar(k, v, step)
+        tb.flush()
+
+    def tensorboard(self, first_step: int = 0):
+        """The TensorBoard writer; events at or after ``first_step`` from an earlier attempt are purged."""
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tb"), purge_step=first_step)
+        return self._tb
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write ``state`` atomically (temp file, fsync, rename)."""
+        tmp = self.checkpoint_path.with_name(".checkpoint.pt.tmp")
+        torch.save(state, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.checkpoint_path)
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        if not self.checkpoint_path.exists():
+            return None
+        return torch.load(self.checkpoint_path, weights_only=False)
+
+    # -- outputs -----------------------------------------------------------------------------------
+
+    def plot(self) -> list[Path]:
+        """Draw every learning curve present in the metrics (matplotlib, Agg backend)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = self.rows()
+        out_dir = self.path / "plots"
+        out_dir.mkdir(exist_ok=True)
+        series = [(k, t, _series(rows, k)) for k, t in CURVES]
+        series = [s for s in series if s[2][0]]
+        written = []
+        for key, title, (xs, ys) in series:
+            fig, ax = plt.subplots(figsize=(5, 3.2))
+            _draw(ax, key, title, xs, ys, rows)
+            fig.tight_layout()
+            path = out_dir / (key.replace("/", "_") + ".png")
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written.append(path)
+        if series:
+            cols = 4
+            nrows = math.ceil(len(series) / cols)
+            fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False)
+            for ax, (key, title, (xs, ys)) in zip(axes.flat, series):
+                _draw(ax, key, title, xs, ys, rows)
+            for ax in list(axes.flat)[len(series):]:
+                ax.axis("off")
+            fig.tight_layout()
+            fig.savefig(out_dir / "curves.png", dpi=80)
+            plt.close(fig)
+            written.append(out_dir / "curves.png")
+        return written
+
+    def write_report(self, text: str) -> None:
+        atomic_write_text(self.path / "report.md", text)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            xs.append(int(r["iteration"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _draw(ax, key: str, title: str, xs, ys, rows) -> None:
+    ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
+    if key == "eval/success_rate":  # 95% interval of a proportion (normal approximation)
+        _, se = _series(rows, "eval/success_stderr")
+        if len(se) == len(ys):
+            lo = [y - 1.96 * s for y, s in zip(ys, se)]
+            hi = [y + 1.96 * s for y, s in zip(ys, se)]
+            ax.fill_between(xs, lo, hi, alpha=0.2)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("iteration (0 = after SFT)")
+    ax.grid(alpha=0.3)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        v = v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (np.floating, np.integer)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

@@ -1,0 +1,94 @@
+"""Supervised warm start: next-token NLL on the policy tokens of scripted demonstrations.
+
+Demonstrations are collected exactly like RL rollouts (same env, same ContextBudget wrapper, same
+:class:`~compactrl.collectors.TraceCollector`), from a scripted policy whose summaries are
+deliberately imperfect, so the warm-started model writes summaries that RL can improve. Only the
+tokens the demonstrator produced (``policy_mask``, summaries included) are trained on; the
+prompt, tool outputs and padding are context.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDict
+
+log = logging.getLogger(__name__)
+
+
+def trim_padding(batch: TensorDict) -> TensorDict:
+    """Drop the padding columns no row of ``batch`` uses (every [N, L] entry is cut to the longest row)."""
+    length = int(batch["attention_mask"].sum(-1).max())
+    full = batch["attention_mask"].shape[-1]
+    if length == full:
+        return batch
+    out = batch.clone(False)
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == full:
+            out.set(key, value[:, :length])
+    return out
+
+
+def nll_loss(log_probs: torch.Tensor, policy_mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood over the policy tokens (per-token normalisation)."""
+    mask = policy_mask.to(log_probs.dtype)
+    return -(log_probs * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def cosine_lr(step: int, total: int, base: float, *, warmup: int = 10, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay from ``base`` to ``floor * base``."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def sft_train(
+    policy,
+    demos: TensorDict,
+    *,
+    steps: int,
+    lr: float,
+    batch_traces: int,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Train ``policy`` (anything with ``log_prob(tokens, attention_mask)`` and parameters) on ``demos``.
+
+    Each step draws ``batch_traces`` traces uniformly without replacement (reshuffled every
+    epoch). Returns one metrics dict per step (``loss``, ``token_accuracy``-free: loss only, lr).
+    """
+    if steps == 0:
+        return []
+    n = demos.batch_size[0]
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
+                            weight_decay=weight_decay, betas=(0.9, 0.98))
+    order = torch.randperm(n, generator=generator)
+    cursor = 0
+    history = []
+    policy.train()
+    for step in range(steps):
+        if cursor + batch_traces > n:
+            order, cursor = torch.randperm(n, generator=generator), 0
+        idx = order[cursor:cursor + batch_traces]
+        cursor += batch_traces
+        mb = trim_padding(demos[idx])
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr)
+        logp, _ = policy.log_prob(mb["tokens"], mb["attention_mask"])
+        loss = nll_loss(logp, mb["policy_mask"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        opt.step()
+        row = {"loss": float(loss), "grad_norm": float(grad_norm), "lr": opt.param_groups[0]["lr"]}
+        history.append(row)
+        if on_step is not None:
+            on_step(step, row)
+    policy.eval()
+    return history

@@ -1,0 +1,130 @@
+"""``compactrl train``: SFT warm start, then PPO or GRPO, into a run directory.
+
+Every field of :class:`~compactrl.algos.config.TrainConfig` is an option ``--<section>.<field>``
+whose help is the field's docstring; options given on the command line override the preset.
+``--resume`` continues the run in ``--out`` (or the newest run under ``runs/``) from its last
+checkpoint, with the configuration stored in that run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+from compactrl.algos.config import PRESETS, TrainConfig, iter_fields, override, preset
+
+log = logging.getLogger(__name__)
+
+RUNS_ROOT = Path("runs")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument("--preset", default="main", choices=sorted(PRESETS),
+                        help="named configuration to start from")
+    parser.add_argument("--algo", choices=("ppo", "grpo"), default=None, help="shortcut for --rl.algo")
+    parser.add_argument("--out", default=None,
+                        help="run directory (default: runs/<preset>-<algo>-<time>; with --resume: the newest run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out from its last checkpoint (its stored config is used)")
+    parser.add_argument("--config", default=None, help="a config.json to start from instead of a preset")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    defaults = preset("main")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for name, tp, _, doc in iter_fields():
+        section = name.split(".")[0] if "." in name else "run"
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{section} options")
+        _add_field(groups[section], name, tp, _lookup(defaults, name), doc)
+
+
+def _add_field(group, name: str, tp: Any, default: Any, doc: str) -> None:
+    kwargs: dict[str, Any] = dict(dest=f"cfg:{name}", default=argparse.SUPPRESS,
+                                  help=f"{doc} (main preset: {default!r})".replace("%", "%%"))
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif origin is typing.Literal:
+        kwargs["choices"] = typing.get_args(tp)
+    else:
+        kwargs["type"] = tp
+        kwargs["metavar"] = tp.__name__.upper()
+    group.add_argument(f"--{name}", **kwargs)
+
+
+def _lookup(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The preset (or ``--config``) with the command line's overrides applied and validated."""
+    if args.config:
+        cfg = TrainConfig.from_dict(__import__("json").loads(Path(args.config).read_text()))
+    else:
+        cfg = preset(args.preset)
+    changes = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("cfg:")}
+    if args.algo:
+        changes["rl.algo"] = args.algo
+    return override(cfg, changes) if changes else cfg
+
+
+def _resolve_out(args: argparse.Namespace, cfg: TrainConfig) -> Path:
+    if args.out:
+        return Path(args.out)
+    if args.resume:
+        runs = sorted((p for p in RUNS_ROOT.glob("*") if (p / "config.json").exists()),
+                      key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise ValueError(f"--resume: no run with a config.json under {RUNS_ROOT}/; pass --out")
+        return runs[-1]
+    return RUNS_ROOT / f"{args.preset}-{cfg.rl.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from compactrl.algos.trainer import train
+
+    try:
+        cfg = config_from_args(args)
+        out = _resolve_out(args, cfg)
+        if args.resume and any(k.startswith("cfg:") for k in vars(args)):
+            raise ValueError("--resume uses the run's stored config; drop the --<section>.<field> options")
+    except ValueError as exc:
+        log.error("%s", exc)
+        print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
+        return 2
+    progress = None if args.no_progress else _rich_progress()
+    try:
+        result = train(cfg, out, resume=args.resume, progress=progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with: compactrl train --resume --out {out}")  # noqa: T201
+        return 130
+    finally:
+        if progress is not None:
+            progress.stop()
+    print(result.summary_line())  # noqa: T201 - CLI output
+    print(f"run directory: {out}  (report: {out / 'report.md'})")  # noqa: T201
+    return 0
+
+
+def _rich_progress():
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+    )
+    progress.start()
+    return progress
