@@ -1,0 +1,48 @@
+"""Pieces the real backends (local, docker) share, so that both follow the sim's rules exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from compactrl.envs.sandbox import _shell
+from compactrl.envs.sandbox.base import ExecResult, TestReport
+from compactrl.envs.sandbox.pytest_report import check_success, parse_pytest_rA, split_outcomes
+from compactrl.envs.task import Check, Task
+from compactrl.envs.tools import normalize_path
+
+
+def make_config(cls, config, options: dict):
+    """``config`` (or ``cls()``) with keyword ``options`` applied; an unknown name is a ValueError."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} option(s) {unknown}; expected some of {sorted(names)}")
+    return dataclasses.replace(config or cls(), **options)
+
+
+def work_rel(path: str) -> str:
+    """Work-dir-relative path as the sim computes it; ``PermissionError`` for one that leaves it."""
+    try:
+        return normalize_path(path)
+    except ValueError as e:
+        raise PermissionError(str(e)) from None
+
+
+def hidden_restore_plan(task: Task, before: dict[str, bytes | None]) -> dict[str, bytes | None]:
+    """What to put back after a test run, as the sim does: hidden copies of files the task ships
+    (pristine visible tests) stay in place; other hidden files revert to what was there (None:
+    delete), so they never become visible."""
+    return {rel: data for rel, data in before.items() if rel not in task.files}
+
+
+def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestReport:
+    """The :class:`TestReport` of one run of ``check``; the output is clipped after parsing."""
+    passed, failed = split_outcomes(parse_pytest_rA(res.output))
+    success = check_success(check, res.exit_code, passed, timed_out=res.timed_out)
+    output = res.output
+    raw = output.encode("utf-8", errors="replace")
+    if len(raw) > output_limit:
+        capped = _shell.CappedOutput(output_limit)
+        capped.feed(raw)
+        output = capped.text()
+    return TestReport(passed=passed, failed=failed, output=output, success=success)

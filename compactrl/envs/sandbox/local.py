@@ -1,0 +1,617 @@
+"""``backend="local"``: real files and one long-lived bash per episode, isolated on this machine.
+
+Isolation (bubblewrap, or ``unshare`` where bubblewrap is missing; chosen automatically and kept
+in :attr:`LocalSandbox.isolation`):
+
+* a new root built from read-only binds of the host's system directories (``/usr``, ``/etc``,
+  ``/lib*``) and of the Python that runs compactrl; nothing else of the host is visible;
+* the episode's private work dir (a temp dir on the host) is the only writable host path,
+  plus a private size-limited tmpfs at ``/tmp``;
+* new user, pid, network, ipc and uts namespaces: no network at all (not even loopback to the
+  host), no view of host processes; as root the shell runs as an unprivileged uid;
+* resource limits (CPU time, address space, processes, file size) set on the shell with
+  ``ulimit`` (hard limits: the agent cannot raise them); the process limit is counted per
+  sandbox because each sandbox has its own user namespace;
+* a per-command timeout, an output cap, and cleanup of every process a command leaves behind.
+
+The shell protocol: commands are written to bash's stdin as one line each, followed by a random
+marker that bash prints with the exit code when the command is done (pipes, no pty; see
+``_shell.py`` for the shell semantics shared with the docker backend).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from compactrl.envs.sandbox import _shell
+from compactrl.envs.sandbox._common import hidden_restore_plan, make_config, report_from_run, work_rel
+from compactrl.envs.sandbox._hostfs import HostWorkDir
+from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
+from compactrl.envs.task import Task
+
+log = logging.getLogger(__name__)
+
+Isolation = Literal["auto", "bwrap", "unshare"]
+_OPT_DIR = "/opt/compactrl"  # inside: bin/ (`python`, `python3`, `pytest` wrappers) and env.sh
+_BIN_DIR = f"{_OPT_DIR}/bin"
+_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
+_SHELL = ("/bin/bash", "--noprofile", "--norc")
+
+
+@dataclass(frozen=True)
+class LocalSandboxConfig:
+    """Options of :class:`LocalSandbox` (all validated; a bad value raises ``ValueError``)."""
+
+    isolation: Isolation = "auto"
+    """``"bwrap"``, ``"unshare"``, or ``"auto"``: bubblewrap if it works here, else unshare."""
+    workdir: str = "/workspace"
+    """Absolute path of the work dir inside the sandbox (a task's ``metadata["workdir"]`` wins)."""
+    timeout_s: float = 30.0
+    """Default wall-clock limit of one shell command, in seconds."""
+    output_limit_bytes: int = 100_000
+    """Output kept per command: the first and last halves, with a marker where bytes were dropped."""
+    test_output_limit_bytes: int = 2_000_000
+    """Output kept when running the tests (parsed for the verdict, then clipped like any output)."""
+    cpu_time_s: int = 600
+    """RLIMIT_CPU of every sandboxed process, in CPU seconds."""
+    memory_bytes: int = 4 << 30
+    """RLIMIT_AS (address space) of every sandboxed process."""
+    max_processes: int = 256
+    """RLIMIT_NPROC: processes (and threads) alive at once in this sandbox."""
+    file_size_bytes: int = 256 << 20
+    """RLIMIT_FSIZE: the largest file a sandboxed process may write."""
+    tmpfs_bytes: int = 256 << 20
+    """Size of the private ``/tmp``."""
+    sandbox_uid: int = 65534
+    """Unprivileged uid (and gid) the shell runs as when compactrl runs as root."""
+    python: str | None = None
+    """Interpreter behind ``python``/``python3``/``pytest`` inside (default: ``sys.executable``)."""
+    tmp_root: str | None = None
+    """Host directory for the private session dirs (default: the system temp dir)."""
+    startup_timeout_s: float = 20.0
+    """How long a fresh sandbox may take to answer before :class:`SandboxError`."""
+    pytest_plugin_autoload: bool = False
+    """Let pytest load every plugin installed next to ``python`` (development environments often
+    hold hypothesis & co., ~2 s per run). Off by default, which also matches the docker image."""
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("auto", "bwrap", "unshare"):
+            raise ValueError(f"isolation must be 'auto', 'bwrap' or 'unshare', got {self.isolation!r}")
+        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
+            raise ValueError(f"workdir must be an absolute path other than /, /tmp, /proc, /dev; got {self.workdir!r}")
+        for name in ("timeout_s", "startup_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("output_limit_bytes", "test_output_limit_bytes", "cpu_time_s", "memory_bytes",
+                     "max_processes", "file_size_bytes", "tmpfs_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.max_processes < 8:
+            raise ValueError(f"max_processes must be >= 8 (the shell needs a few), got {self.max_processes}")
+        if not isinstance(self.sandbox_uid, int) or self.sandbox_uid <= 0:
+            raise ValueError(f"sandbox_uid must be a positive int (not root), got {self.sandbox_uid!r}")
+
+
+# ---------------------------------------------------------------------------------- isolation
+_probe_cache: dict[str, str | None] = {}
+
+
+def _drop_privileges(uid: int) -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs"]
+
+
+def _probe(kind: str, uid: int) -> str | None:
+    """None when ``kind`` can build a sandbox here, else why not (cached per process)."""
+    key = f"{kind}:{uid}"
+    if key not in _probe_cache:
+        tool = "bwrap" if kind == "bwrap" else "unshare"
+        if shutil.which(tool) is None:
+            _probe_cache[key] = f"{tool} is not installed"
+        else:
+            if kind == "bwrap":
+                argv = [*_drop_privileges(uid), "bwrap", "--unshare-user", "--unshare-net", "--unshare-pid",
+                        "--ro-bind", "/", "/", "true"]
+            else:
+                argv = ["unshare", *([] if os.geteuid() == 0 else ["--map-root-user"]),
+                        "--mount", "--net", "--pid", "--fork", "true"]
+            try:
+                res = subprocess.run(argv, capture_output=True, timeout=20)
+                _probe_cache[key] = None if res.returncode == 0 else (
+                    f"{' '.join(argv)} failed: {res.stderr.decode(errors='replace').strip()[:300]}")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _probe_cache[key] = f"{tool} failed to start: {e}"
+    return _probe_cache[key]
+
+
+def choose_isolation(requested: Isolation, uid: int = 65534) -> str:
+    """The isolation tool to use; ``SandboxError`` (saying how to fix it) when none works."""
+    order = ["bwrap", "unshare"] if requested == "auto" else [requested]
+    reasons = []
+    for kind in order:
+        why = _probe(kind, uid)
+        if why is None:
+            if requested == "auto" and kind != "bwrap":
+                log.warning("bubblewrap unusable (%s); isolating with unshare instead", reasons[0])
+            return kind
+        reasons.append(why)
+    raise SandboxError(
+        "no working isolation tool for the local sandbox: " + "; ".join(reasons)
+        + ". Install bubblewrap (apt-get install bubblewrap) or util-linux's unshare, "
+        "and allow user namespaces (sysctl user.max_user_namespaces > 0)."
+    )
+
+
+def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """(symlinks as (target, path), read-only bind paths) that make up the sandbox's root."""
+    links, binds = [], []
+    for name in _SYSTEM_DIRS:
+        path = f"/{name}"
+        if os.path.islink(path):
+            links.append((os.readlink(path), path))
+        elif os.path.isdir(path):
+            binds.append(path)
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  os.path.dirname(os.path.realpath(python)), os.path.dirname(os.path.dirname(python))}
+    for cand in sorted(os.path.realpath(c) for c in candidates):
+        if cand in ("/", "") or not os.path.isdir(cand):
+            continue
+        covered = [b for b in binds if cand == b or cand.startswith(b.rstrip("/") + "/")]
+        if not covered:
+            binds.append(cand)
+    return links, binds
+
+
+def _ns_processes(ns: str) -> list[int]:
+    """Host pids of every process in the pid namespace ``ns`` (``"pid:[...]"``)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                    pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+class LocalSandbox:
+    """One episode's isolated bash on this machine. See the module docstring.
+
+    ``LocalSandbox(timeout_s=10, max_processes=64)`` or ``LocalSandbox(config=LocalSandboxConfig(...))``.
+    After :meth:`start`: ``isolation`` ("bwrap" or "unshare"), ``session_dir`` (host temp dir),
+    ``pid_namespace`` (for checking that nothing outlives :meth:`close`), ``restarts``.
+    """
+
+    backend = "local"
+
+    def __init__(self, *, config: LocalSandboxConfig | None = None, **options) -> None:
+        self.config: LocalSandboxConfig = make_config(LocalSandboxConfig, config, options)
+        self.isolation: str | None = None
+        self.session_dir: str | None = None
+        self.pid_namespace: str | None = None
+        self.restarts = 0
+        self.task: Task | None = None
+        self._proc: subprocess.Popen | None = None
+        self._shell_pid: int | None = None
+        self._fs: HostWorkDir | None = None
+        self._workdir = self.config.workdir
+        self._rest = b""
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def start(self, task: Task) -> None:
+        self.close()
+        cfg = self.config
+        self.isolation = choose_isolation(cfg.isolation, cfg.sandbox_uid)
+        self.task = task
+        self._workdir = str(task.metadata.get("workdir") or cfg.workdir).rstrip("/") or cfg.workdir
+        try:
+            self._make_session_dir()
+            for path, content in task.files.items():
+                self.write_file(path, content)
+            self._launch()
+            for command in task.setup:
+                res = self.exec(command, timeout_s=task.check.timeout_s)
+                if res.exit_code != 0:
+                    raise SandboxError(f"setup command {command!r} failed ({res.exit_code}): {res.output[-2000:]}")
+        except BaseException:
+            self.close()
+            raise
+        log.info("local sandbox for %s up (%s, %s)", task.id, self.isolation, self.session_dir)
+
+    def _make_session_dir(self) -> None:
+        cfg = self.config
+        self.session_dir = tempfile.mkdtemp(prefix=f"compactrl-local-{os.getpid()}-", dir=cfg.tmp_root)
+        owner = (cfg.sandbox_uid, cfg.sandbox_uid) if os.geteuid() == 0 else None
+        work, opt = os.path.join(self.session_dir, "work"), os.path.join(self.session_dir, "opt")
+        bin_dir = os.path.join(opt, "bin")
+        for d in (work, opt, bin_dir, os.path.join(self.session_dir, "root")):
+            os.mkdir(d, 0o755)
+        if owner is not None:
+            os.chown(work, *owner)
+        python = cfg.python or sys.executable
+        wrappers = {"python": f'exec {python!r} "$@"', "python3": f'exec {python!r} "$@"',
+                    "pytest": f'exec {python!r} -m pytest "$@"'}
+        for name, body in wrappers.items():
+            path = os.path.join(bin_dir, name)
+            with open(path, "w") as f:
+                f.write(f"#!/bin/sh\n{body}\n")
+            os.chmod(path, 0o755)
+        with open(os.path.join(opt, "env.sh"), "w") as f:
+            f.write(_shell.ENV_FILE)
+        os.chmod(os.path.join(opt, "env.sh"), 0o644)
+        self._fs = HostWorkDir(work, owner)
+
+    def _env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{_BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+            **({} if self.config.pytest_plugin_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}),
+        }
+
+    def _launch(self) -> None:
+        assert self.session_dir is not None
+        argv, fds = self._bwrap_argv() if self.isolation == "bwrap" else self._unshare_argv()
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=self._env(), pass_fds=fds, cwd="/", start_new_session=True,
+            )
+        except OSError as e:
+            raise SandboxError(f"cannot start the {self.isolation} sandbox: {e}") from e
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._rest = b""
+        self._handshake()
+
+    def _limits_script(self) -> str:
+        cfg = self.config
+        return (
+            f"ulimit -c 0 && ulimit -t {cfg.cpu_time_s} && ulimit -v {cfg.memory_bytes // 1024}"
+            f" && ulimit -u {cfg.max_processes} && ulimit -f {max(1, cfg.file_size_bytes // 1024)}"
+        )
+
+    def _handshake(self) -> None:
+        marker = _shell.new_marker()
+        init = (
+            f"cd -- {_shell.ansi_c_quote(self._workdir)} || exit 97\n"
+            f"{self._limits_script()} || exit 98\n"
+            f"{_shell.SAVE_INITIAL_STATE} || exit 99\n"
+            "export -n $(compgen -e)\n"
+            f"__crl_run() {{ {_shell.RUN_COMMAND}; __crl_rc=$?; {_shell.KILL_LEFTOVERS};"
+            f" printf '%s%d\\n' \"$1\" \"$__crl_rc\"; }}\n"
+            # job notices ("Killed ...") would land in the next output: silence the shell itself
+            "exec 2>/dev/null\n"
+            f"printf '%s%d\\n' {marker} 0\n"
+        )
+        self._send(init)
+        out = _shell.CappedOutput(self.config.output_limit_bytes)
+        code = self._collect(marker, out, time.monotonic() + self.config.startup_timeout_s)
+        if code is None:
+            raise SandboxError(f"the {self.isolation} sandbox did not start in "
+                               f"{self.config.startup_timeout_s}s: {out.text()[-2000:]}")
+        self._shell_pid = self._find_shell()
+        self.pid_namespace = os.readlink(f"/proc/{self._shell_pid}/ns/pid")
+
+    def _find_shell(self) -> int:
+        """The sandbox's bash: the leaf of the (linear, at start-up) chain of processes below ours."""
+        assert self._proc is not None
+        pid = self._proc.pid
+        while kids := _children(pid):
+            pid = kids[0]
+        return pid
+
+    def _bwrap_argv(self) -> tuple[list[str], list[int]]:
+        cfg, session = self.config, self.session_dir
+        assert session is not None
+        links, binds = _host_binds(cfg.python or sys.executable)
+        if os.geteuid() == 0:
+            # Privileged bwrap builds the root (it can reach e.g. a Python under /root), then the
+            # shell drops to an unprivileged uid in a user namespace of its own, which makes
+            # RLIMIT_NPROC count this sandbox's processes only (root is exempt from it).
+            head = ["bwrap", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            tail = [*_drop_privileges(cfg.sandbox_uid), "unshare", "--user", "--", *_SHELL]
+        else:
+            head = ["bwrap", "--unshare-user", "--disable-userns"]
+            tail = list(_SHELL)
+        argv = [*head, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--as-pid-1",
+                "--new-session"]
+        for target, path in links:
+            argv += ["--symlink", target, path]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(cfg.tmpfs_bytes),
+                 "--tmpfs", "/tmp"]
+        made: set[str] = set()
+        for dest in [*binds, self._workdir, _OPT_DIR]:
+            # bwrap would create missing parents as 0700 root: make them traversable for the shell
+            parts = dest.strip("/").split("/")[:-1]
+            for k in range(1, len(parts) + 1):
+                parent = "/" + "/".join(parts[:k])
+                if parent not in made and not any(parent == b or parent.startswith(b + "/") for b in binds):
+                    made.add(parent)
+                    argv += ["--perms", "0755", "--dir", parent]
+        for path in binds:
+            argv += ["--ro-bind", path, path]
+        argv += ["--bind", os.path.join(session, "work"), self._workdir,
+                 "--ro-bind", os.path.join(session, "opt"), _OPT_DIR,
+                 "--chdir", self._workdir, "--remount-ro", "/", *tail]
+        return argv, []
+
+    def _unshare_argv(self) -> tuple[list[str], list[int]]:
+        cfg, session = self.config, self.session_dir
+        assert session is not None
+        links, binds = _host_binds(cfg.python or sys.executable)
+        q = shlex.quote  # the script runs under /bin/sh
+        root = os.path.join(session, "root")
+        lines = [
+            "set -e", f"R={q(root)}",
+            'mount -t tmpfs -o mode=755,size=4m compactrl-root "$R"',
+        ]
+        for target, path in links:
+            lines.append(f'ln -s {q(target)} "$R"{q(path)}')
+        lines += [
+            'mkdir -p "$R/proc" "$R/dev" "$R/tmp"', 'mount -t proc proc "$R/proc"',
+            f'mount -t tmpfs -o mode=1777,size={cfg.tmpfs_bytes} tmpfs "$R/tmp"',
+            'mount -t tmpfs -o mode=755,size=1m dev "$R/dev"',
+            'for d in null zero full random urandom tty; do touch "$R/dev/$d";'
+            ' mount --bind "/dev/$d" "$R/dev/$d"; done',
+            'ln -s /proc/self/fd "$R/dev/fd"; ln -s /proc/self/fd/0 "$R/dev/stdin"',
+            'ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"',
+            'mkdir -p "$R/dev/shm"; mount -t tmpfs -o mode=1777,size=16m shm "$R/dev/shm"',
+        ]
+        mounts = [(p, p, True) for p in binds]
+        mounts += [(os.path.join(session, "work"), self._workdir, False),
+                   (os.path.join(session, "opt"), _OPT_DIR, True)]
+        for src, dst, ro in mounts:
+            lines.append(f'mkdir -p "$R"{q(dst)}; mount --bind {q(src)} "$R"{q(dst)}')
+            if ro:
+                lines.append(f'mount -o remount,bind,ro "$R"{q(dst)}')
+        drop = " ".join(_drop_privileges(cfg.sandbox_uid))
+        lines += [
+            "hostname sandbox",
+            'cd "$R"; mkdir .old; pivot_root . .old; umount -l /.old; rmdir /.old',
+            "mount -o remount,ro /",
+            f"cd -- {q(self._workdir)}",
+            f"exec {drop} unshare --user -- {' '.join(_SHELL)}",
+        ]
+        user = [] if os.geteuid() == 0 else ["--map-root-user"]
+        argv = ["setpriv", "--pdeathsig", "KILL", "unshare", *user, "--mount", "--net", "--pid", "--ipc",
+                "--uts", "--kill-child", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(lines)]
+        return argv, []
+
+    def close(self) -> None:
+        """Kill every sandboxed process, remove the session dir. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            for pid in (self._shell_pid, proc.pid):
+                if pid is not None:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.error("sandbox process %d did not exit after SIGKILL", proc.pid)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+            self._reap_namespace()
+        self._shell_pid = None
+        if self._fs is not None:
+            self._fs.close()
+            self._fs = None
+        if self.session_dir is not None:
+            _rmtree(self.session_dir)
+            self.session_dir = None
+
+    def _reap_namespace(self, wait_s: float = 5.0) -> None:
+        """Wait until the pid namespace is empty (killing stragglers), so close() leaves nothing."""
+        if self.pid_namespace is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while pids := _ns_processes(self.pid_namespace):
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                log.error("processes %s of a closed sandbox are still alive", pids)
+                return
+            time.sleep(0.01)
+
+    def __del__(self) -> None:  # a forgotten close() must not leak processes or temp dirs
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --------------------------------------------------------------------------------- shell
+    def _send(self, text: str) -> None:
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(text.encode("utf-8", errors="surrogateescape"))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            raise SandboxError(f"the sandbox shell is gone ({e})") from e
+
+    def _collect(self, marker: str, out: _shell.CappedOutput, deadline: float) -> int | None:
+        """Read until ``marker``'s line; its exit code, or None at ``deadline``.
+
+        Raises :class:`SandboxError` when the shell's output ends (the sandbox died).
+        """
+        assert self._proc is not None and self._proc.stdout is not None
+        scanner = _shell.MarkerScanner(marker.encode(), out)
+        rest, self._rest = self._rest, b""
+        if rest and scanner.feed(rest):
+            self._rest = scanner.rest
+            return scanner.exit_code
+        fd = self._proc.stdout.fileno()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                scanner.flush()
+                code = self._proc.wait()
+                raise SandboxError(f"the sandbox shell exited unexpectedly (status {code}); "
+                                   f"last output: {out.text()[-500:]!r}")
+            if scanner.feed(chunk):
+                self._rest = scanner.rest
+                return scanner.exit_code
+
+    def _alive(self) -> None:
+        if self._proc is None:
+            raise SandboxError("the local sandbox is not started (call start(task) first)")
+        code = self._proc.poll()
+        if code is not None:
+            raise SandboxError(f"the sandbox shell died (status {code}); the episode cannot continue")
+
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        return self._run(command, timeout_s or self.config.timeout_s, self.config.output_limit_bytes)
+
+    def _run(self, command: str, timeout_s: float, limit: int) -> ExecResult:
+        self._alive()
+        marker = _shell.new_marker()
+        self._send(f"__crl_cmd={_shell.ansi_c_quote(command)}; __crl_run {marker}\n")
+        out = _shell.CappedOutput(limit)
+        code = self._collect(marker, out, time.monotonic() + timeout_s)
+        if code is not None:
+            return ExecResult(out.text(), code, truncated=out.truncated)
+        self._kill_command()
+        code = self._collect(marker, out, time.monotonic() + 5.0)
+        note = f"\n[timed out after {timeout_s:g}s: the command and every process it started were killed]"
+        if code is None:  # the shell itself is wedged: replace it, keeping the files
+            self._restart()
+            note += "\n[the shell was restarted: cwd, environment and /tmp were reset]"
+        return ExecResult(out.text() + note, _shell.TIMEOUT_EXIT_CODE, timed_out=True, truncated=out.truncated)
+
+    def _kill_command(self) -> None:
+        """Kill the running command's subshell; the shell then kills what it left behind."""
+        if self._shell_pid is None:
+            return
+        for pid in _children(self._shell_pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _restart(self) -> None:
+        self.restarts += 1
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+        self._reap_namespace()
+        log.warning("local sandbox shell restarted after a wedged command (%s)", self.session_dir)
+        self._launch()
+
+    # ---------------------------------------------------------------------------------- files
+    def _files(self) -> HostWorkDir:
+        if self._fs is None:
+            raise SandboxError("the local sandbox is not started (call start(task) first)")
+        return self._fs
+
+    def read_file(self, path: str) -> str:
+        rel = work_rel(path)
+        if not rel:
+            raise IsADirectoryError(f"{path} is a directory")
+        try:
+            data = self._files().read_bytes(rel)
+        except NotADirectoryError:  # "a.py/x" with a.py a file: the sim says "no such file"
+            raise FileNotFoundError(f"no such file: {path}") from None
+        return data.decode("utf-8", errors="replace")
+
+    def write_file(self, path: str, content: str) -> None:
+        rel = work_rel(path)
+        if not rel:
+            raise IsADirectoryError(f"{path} is a directory")
+        self._files().write_bytes(rel, content.encode("utf-8", errors="surrogateescape"))
+
+    def list_files(self) -> list[str]:
+        return self._files().list_files()
+
+    # ---------------------------------------------------------------------------------- tests
+    def run_tests(self) -> TestReport:
+        if self.task is None:
+            raise SandboxError("the local sandbox is not started (call start(task) first)")
+        check = self.task.check
+        before = self._install_hidden(check.hidden_files)
+        try:
+            res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
+        finally:
+            self._restore_hidden(hidden_restore_plan(self.task, before))
+        return report_from_run(check, res, self.config.output_limit_bytes)
+
+    def _install_hidden(self, hidden: dict[str, str]) -> dict[str, bytes | None]:
+        """Write the hidden files; return what they replaced (None: did not exist)."""
+        fs, before = self._files(), {}
+        for path, content in hidden.items():
+            rel = work_rel(path)
+            try:
+                before[rel] = fs.read_bytes(rel)
+            except FileNotFoundError:
+                before[rel] = None
+            fs.write_bytes(rel, content.encode("utf-8"))
+        return before
+
+    def _restore_hidden(self, before: dict[str, bytes | None]) -> None:
+        fs = self._files()
+        for rel, data in before.items():
+            try:
+                if data is None:
+                    fs.remove(rel)
+                else:
+                    fs.write_bytes(rel, data)
+            except OSError as e:  # the tests may have removed or replaced it; nothing to restore then
+                log.debug("could not restore hidden file %s: %s", rel, e)
+
+
+def _rmtree(path: str) -> None:
+    def fix(func, p, _exc):  # sandboxed code may leave dirs without write/exec permission
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)
