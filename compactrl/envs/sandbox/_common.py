@@ -35,6 +35,13 @@ def hidden_restore_plan(task: Task, before: dict[str, bytes | None]) -> dict[str
     return {rel: data for rel, data in before.items() if rel not in task.files}
 
 
+def hidden_files_blocked(error: OSError) -> TestReport:
+    """The verdict when the task's hidden test files cannot be written (the agent put a directory or
+    a symlink out of the work dir in their way): a failed run, explained."""
+    return TestReport(passed=(), failed=(), success=False,
+                      output=f"could not install the test files: {error}; the tests did not run")
+
+
 def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestReport:
     """The :class:`TestReport` of one run of ``check``; the output is clipped after parsing."""
     passed, failed = split_outcomes(parse_pytest_rA(res.output))

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from compactrl.envs.sandbox import _shell
-from compactrl.envs.sandbox._common import hidden_restore_plan, make_config, report_from_run, work_rel
+from compactrl.envs.sandbox._common import (
+    hidden_files_blocked,
+    hidden_restore_plan,
+    make_config,
+    report_from_run,
+    work_rel,
+)
 from compactrl.envs.sandbox._hostfs import HostWorkDir
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.envs.task import Task
@@ -574,7 +580,10 @@ class LocalSandbox:
         if self.task is None:
             raise SandboxError("the local sandbox is not started (call start(task) first)")
         check = self.task.check
-        before = self._install_hidden(check.hidden_files)
+        try:
+            before = self._install_hidden(check.hidden_files)
+        except OSError as e:  # the agent put something in the way (a directory, a symlink out)
+            return hidden_files_blocked(e)
         try:
             res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
@@ -584,13 +593,21 @@ class LocalSandbox:
     def _install_hidden(self, hidden: dict[str, str]) -> dict[str, bytes | None]:
         """Write the hidden files; return what they replaced (None: did not exist)."""
         fs, before = self._files(), {}
-        for path, content in hidden.items():
+        for path in hidden:
             rel = work_rel(path)
             try:
                 before[rel] = fs.read_bytes(rel)
             except FileNotFoundError:
                 before[rel] = None
-            fs.write_bytes(rel, content.encode("utf-8"))
+        written: dict[str, bytes | None] = {}
+        try:
+            for path, content in hidden.items():
+                rel = work_rel(path)
+                written[rel] = before[rel]
+                fs.write_bytes(rel, content.encode("utf-8"))
+        except OSError:
+            self._restore_hidden(written)
+            raise
         return before
 
     def _restore_hidden(self, before: dict[str, bytes | None]) -> None:
