@@ -1,0 +1,384 @@
+"""Tool-using text environments: :class:`ToolEnv` (the base) and :class:`CodeRepoEnv`.
+
+The observation is text: ``reset`` returns the task message (instruction plus the list of files),
+``step`` the output of the tool the response called. The action is the model's whole response; the
+env parses exactly one tool call from it (:mod:`compactrl.envs.tools`). Malformed responses are
+observations explaining the format, never exceptions, and are counted in ``info["format_errors"]``.
+
+File tools (view, search, replace, create) run here on top of the sandbox's ``read_file`` /
+``write_file`` / ``list_files``, so they behave identically on every backend; only ``test``,
+``submit`` and ``shell`` reach the sandbox's processes.
+
+Reward is 1.0 iff the task's check passes when the agent submits (or, if the episode is truncated
+by the turn or time limit, when it is graded once at that end), else 0.0. ``terminated`` on submit,
+``truncated`` on limits and on sandbox failures (``info["sandbox_error"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import gymnasium as gym
+import numpy as np
+
+from compactrl.envs.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
+from compactrl.envs.spaces import UnicodeText
+from compactrl.envs.task import Task
+from compactrl.envs.tools import FormatError, ToolCall, describe_tools, normalize_path, parse_action
+
+log = logging.getLogger(__name__)
+
+CODE_TOOLS: tuple[str, ...] = ("view", "search", "replace", "create", "test", "shell", "submit")
+
+
+@runtime_checkable
+class TaskSampler(Protocol):
+    """Where an env gets its tasks: ``sample`` draws one with the env's seeded RNG."""
+
+    def sample(self, rng: np.random.Generator) -> Task: ...
+
+
+class TaskList:
+    """A fixed list of tasks, sampled uniformly (``task(i)`` picks one by index)."""
+
+    def __init__(self, tasks: Sequence[Task]) -> None:
+        if not tasks:
+            raise ValueError("task_source: expected a non-empty sequence of Task, got an empty one")
+        self.tasks = list(tasks)
+
+    def sample(self, rng: np.random.Generator) -> Task:
+        return self.tasks[int(rng.integers(len(self.tasks)))]
+
+    def task(self, index: int) -> Task:
+        return self.tasks[index % len(self.tasks)]
+
+
+def as_task_sampler(source: TaskSampler | Task | Sequence[Task]) -> TaskSampler:
+    """Accept a sampler, a single task or a sequence of tasks."""
+    if isinstance(source, Task):
+        return TaskList([source])
+    if isinstance(source, TaskSampler):
+        return source
+    if isinstance(source, Sequence) and all(isinstance(t, Task) for t in source):
+        return TaskList(source)
+    raise ValueError(f"task_source: expected a TaskSampler, a Task or a sequence of Task, got {type(source).__name__}")
+
+
+class ToolEnv(gym.Env[str, str]):
+    """A Gymnasium env where each action is a response holding one tool call.
+
+    Subclasses choose the task source, the allowed tools and the system prompt.
+
+    Args:
+        task_source: where tasks come from (a :class:`TaskSampler`, a Task, or a list of them).
+        tools: the tool names this env accepts (calls to others are format errors).
+        backend: sandbox backend (``sim``, ``local``, ``docker``).
+        max_turns: turn limit; ``None`` uses each task's ``max_turns``.
+        time_limit_s: wall-clock limit per episode; ``None`` uses each task's ``time_limit_s``.
+        sandbox_kwargs: passed to :func:`~compactrl.envs.sandbox.make_sandbox`.
+        max_view_lines: most lines one ``view`` shows (longer files are read in pieces).
+        max_search_results: most ``search`` matches shown.
+        max_observation_chars: observations longer than this are clipped head+tail.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        task_source: TaskSampler | Task | Sequence[Task],
+        *,
+        tools: Sequence[str] = CODE_TOOLS,
+        backend: str = "sim",
+        max_turns: int | None = None,
+        time_limit_s: float | None = None,
+        sandbox_kwargs: dict[str, Any] | None = None,
+        max_view_lines: int = 100,
+        max_search_results: int = 50,
+        max_observation_chars: int = 16_000,
+        render_mode: str | None = None,
+    ) -> None:
+        self.task_source = as_task_sampler(task_source)
+        unknown = [t for t in tools if t not in CODE_TOOLS]
+        if unknown or "submit" not in tools:
+            raise ValueError(f"tools: expected a subset of {CODE_TOOLS} including 'submit', got {tuple(tools)}")
+        _positive(max_turns=max_turns, time_limit_s=time_limit_s, max_view_lines=max_view_lines,
+                  max_search_results=max_search_results, max_observation_chars=max_observation_chars)
+        if max_observation_chars < 200:
+            raise ValueError(f"max_observation_chars: expected >= 200, got {max_observation_chars}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode: expected None or 'ansi', got {render_mode!r}")
+        make_sandbox(backend, **(sandbox_kwargs or {})).close()  # fail fast on a bad backend or kwargs
+        self.tools = tuple(tools)
+        self.backend, self.sandbox_kwargs = backend, dict(sandbox_kwargs or {})
+        self.max_turns, self.time_limit_s = max_turns, time_limit_s
+        self.max_view_lines, self.max_search_results = max_view_lines, max_search_results
+        self.max_observation_chars = max_observation_chars
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(max_observation_chars)
+        self.action_space = UnicodeText(10_000_000)
+        self.task: Task | None = None
+        self._sandbox: Sandbox | None = None
+        self._done = True
+        self._turn = self._format_errors = self._tool_errors = 0
+        self._started = 0.0
+        self._last_obs = ""
+
+    # -- prompts ---------------------------------------------------------------------------------
+    @property
+    def system_prompt(self) -> str:
+        return (
+            "You are an agent working in a software project's work dir. Act only through tools.\n"
+            + describe_tools(self.tools)
+        )
+
+    def task_message(self, task: Task) -> str:
+        files = self._sandbox.list_files() if self._sandbox else sorted(task.files)
+        listing = "\n".join(f"{p} ({_count_lines(task.files.get(p, ''))} lines)" for p in files)
+        return f"{task.instruction}\n\nFiles in the work dir ({len(files)}):\n{listing}"
+
+    # -- gymnasium API ---------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        options = options or {}
+        if "task" in options:
+            task = options["task"]
+        elif "index" in options and hasattr(self.task_source, "task"):
+            task = self.task_source.task(int(options["index"]))
+        else:
+            task = self.task_source.sample(self.np_random)
+        self._close_sandbox()
+        self._sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
+        self._sandbox.start(task)
+        self.task = task
+        self._done = False
+        self._turn = self._format_errors = self._tool_errors = 0
+        self._started = time.monotonic()
+        self._last_obs = self._clip(self.task_message(task))
+        return self._last_obs, {"task_id": task.id, "turn": 0, "format_errors": 0, "tool_errors": 0, "tool": None}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._done or self.task is None:
+            raise RuntimeError("step() called on a finished or unstarted episode: call reset() first")
+        self._turn += 1
+        call = parse_action(action)
+        info: dict[str, Any] = {"task_id": self.task.id, "turn": self._turn, "tool": None}
+        reward, terminated, truncated, report = 0.0, False, False, None
+        try:
+            if isinstance(call, FormatError):
+                self._format_errors += 1
+                obs = f"Format error: {call.message}.\nAnswer with exactly one tool call, e.g. <tool>view README.md</tool>."
+            elif call.name not in self.tools:
+                self._format_errors += 1
+                obs = f"Format error: the tool {call.name!r} is not available here; tools: {', '.join(self.tools)}."
+            else:
+                info["tool"] = call.name
+                if call.name == "submit":
+                    report, terminated = self._sandbox.run_tests(), True
+                    obs = "Submitted.\n" + format_report(report)
+                else:
+                    obs = self._run_tool(call)
+            if not terminated and self._over_limits():
+                truncated, report = True, self._sandbox.run_tests()
+        except SandboxError as exc:
+            log.warning("sandbox failure in task %s: %s", self.task.id, exc)
+            truncated, report = True, None
+            info["sandbox_error"] = str(exc)
+            obs = f"The sandbox failed and the episode ends: {exc}"
+        self._done = terminated or truncated
+        if self._done:
+            reward = float(report is not None and report.success)
+            info.update(_final_info(report))
+        info["format_errors"], info["tool_errors"] = self._format_errors, self._tool_errors
+        self._last_obs = self._clip(obs)
+        return self._last_obs, reward, terminated, truncated, info
+
+    def render(self) -> str | None:
+        return self._last_obs if self.render_mode == "ansi" else None
+
+    def close(self) -> None:
+        self._close_sandbox()
+        self._done = True
+
+    # -- tools -----------------------------------------------------------------------------------
+    def _over_limits(self) -> bool:
+        max_turns = self.max_turns or self.task.max_turns
+        limit_s = self.time_limit_s or self.task.time_limit_s
+        return self._turn >= max_turns or time.monotonic() - self._started > limit_s
+
+    def _run_tool(self, call: ToolCall) -> str:
+        try:
+            if call.name == "view":
+                return self._view(call.path, call.start, call.end)
+            if call.name == "search":
+                return self._search(call.pattern, call.path)
+            if call.name == "replace":
+                return self._replace(call.path, call.old, call.new)
+            if call.name == "create":
+                return self._create(call.path, call.content)
+            if call.name == "test":
+                return format_report(self._sandbox.run_tests())
+            if call.name == "shell":
+                result = self._sandbox.exec(call.command)
+                note = " (timed out)" if result.timed_out else ""
+                return f"{result.output.rstrip()}\n[exit code {result.exit_code}{note}]"
+        except (OSError, ValueError) as exc:  # FileNotFoundError, PermissionError, bad path...
+            self._tool_errors += 1
+            return f"Error: {exc}"
+        raise AssertionError(f"unhandled tool {call.name}")  # unreachable: parse_action knows the tools
+
+    def _view(self, path: str, start: int | None, end: int | None) -> str:
+        rel = normalize_path(path)
+        try:
+            content = self._sandbox.read_file(rel)
+        except IsADirectoryError:
+            inside = [p for p in self._sandbox.list_files() if rel == "" or p.startswith(rel + "/")]
+            return f"{path} is a directory with {len(inside)} files:\n" + "\n".join(inside)
+        lines = _split_lines(content)
+        n = len(lines)
+        if n == 0:
+            return f"{rel} is empty."
+        lo = start or 1
+        if lo > n:
+            self._tool_errors += 1
+            return f"Error: {rel} has {n} lines; START must be <= {n}."
+        hi = min(end or n, n, lo + self.max_view_lines - 1)
+        body = "\n".join(f"{i:>4}\t{lines[i - 1]}" for i in range(lo, hi + 1))
+        more = f"\n[{n - hi} more lines: view {rel} {hi + 1} {min(n, hi + self.max_view_lines)}]" if hi < n and hi < (end or n) else ""
+        return f"{rel} (lines {lo}-{hi} of {n})\n{body}{more}"
+
+    def _search(self, pattern: str, path: str | None) -> str:
+        scope = normalize_path(path) if path is not None else ""
+        hits, total = [], 0
+        for file in self._sandbox.list_files():
+            if scope and file != scope and not file.startswith(scope + "/"):
+                continue
+            content = self._sandbox.read_file(file)
+            if pattern not in content:
+                continue
+            for i, line in enumerate(_split_lines(content), start=1):
+                if pattern in line:
+                    total += 1
+                    if len(hits) < self.max_search_results:
+                        hits.append(f"{file}:{i}:{line[:200]}")
+        if not hits:
+            return f"No matches for {pattern!r}" + (f" under {scope}." if scope else ".")
+        extra = f"\n[{total - len(hits)} more matches; narrow the search]" if total > len(hits) else ""
+        return "\n".join(hits) + extra
+
+    def _replace(self, path: str, old: str, new: str) -> str:
+        rel = normalize_path(path)
+        content = self._sandbox.read_file(rel)
+        count = content.count(old)
+        if count != 1:
+            self._tool_errors += 1
+            if count == 0:
+                return (f"Error: the <old> text does not occur in {rel}; it must match exactly "
+                        "(indentation, newlines). View the file to copy it.")
+            return f"Error: the <old> text occurs {count} times in {rel}; include more lines so it matches once."
+        at = content.index(old)
+        self._sandbox.write_file(rel, content[:at] + new + content[at + len(old):])
+        first = content.count("\n", 0, at) + 1
+        new_lines = _split_lines(new) if new else []
+        shown = "\n".join(f"{first + i:>4}\t{line}" for i, line in enumerate(new_lines[:20]))
+        return f"Replaced {_count_lines(old)} line(s) of {rel} at line {first} with {len(new_lines)} line(s):\n{shown}".rstrip()
+
+    def _create(self, path: str, content: str) -> str:
+        rel = normalize_path(path)
+        existed = rel in self._sandbox.list_files()
+        self._sandbox.write_file(rel, content)
+        return f"{'Overwrote' if existed else 'Created'} {rel} ({_count_lines(content)} lines)."
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _clip(self, text: str) -> str:
+        cap = self.max_observation_chars
+        if len(text) <= cap:
+            return text
+        marker = f"\n[... {len(text) - cap + 100} characters clipped ...]\n"
+        head = (cap - len(marker)) * 2 // 3
+        tail = cap - len(marker) - head
+        return text[:head] + marker + text[len(text) - tail:]
+
+    def _close_sandbox(self) -> None:
+        if self._sandbox is not None:
+            try:
+                self._sandbox.close()
+            except SandboxError as exc:
+                log.warning("closing the sandbox failed: %s", exc)
+            self._sandbox = None
+
+
+def _positive(**values: float | None) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"{name}: expected a positive number or None, got {value!r}")
+
+
+def _split_lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _count_lines(text: str) -> int:
+    return len(_split_lines(text))
+
+
+def format_report(report: TestReport) -> str:
+    """The ``test`` tool's output: counts, then every failing test (the others passed)."""
+    head = f"Tests: {len(report.passed)} passed, {len(report.failed)} failed."
+    failed = "".join(f"\nFAILED {t}" for t in report.failed)
+    tail = "\nAll tests passed." if report.success and not report.failed else ""
+    return head + failed + tail
+
+
+def _final_info(report: TestReport | None) -> dict[str, Any]:
+    if report is None:
+        return {"success": False, "tests_passed": 0, "tests_failed": 0, "test_summary": "not graded"}
+    return {
+        "success": bool(report.success),
+        "tests_passed": len(report.passed),
+        "tests_failed": len(report.failed),
+        "test_summary": format_report(report),
+    }
+
+
+class CodeRepoEnv(ToolEnv):
+    """Fix a bug in a small Python repository (``CompactCode-v0`` before context budgeting).
+
+    ``task_source=None`` draws generated tasks of ``difficulty`` (``easy``, ``default``, ``hard``
+    or a :class:`~compactrl.envs.generators.code.CodeTaskConfig`) from ``split`` (``train``,
+    ``val``, ``test``; disjoint). ``reset(options={"index": i})`` picks task ``i`` of the split;
+    ``reset(options={"task": task})`` a given task. Other keyword arguments: see :class:`ToolEnv`.
+    """
+
+    def __init__(
+        self,
+        task_source: TaskSampler | Task | Sequence[Task] | None = None,
+        *,
+        difficulty: Any = "default",
+        split: str = "train",
+        backend: str = "sim",
+        **kwargs: Any,
+    ) -> None:
+        if task_source is None:
+            from compactrl.envs.generators.code import CodeTaskGenerator, GeneratedTasks
+
+            task_source = GeneratedTasks(CodeTaskGenerator(difficulty), split)
+        self.difficulty, self.split = difficulty, split
+        super().__init__(task_source, backend=backend, **kwargs)
+
+    @property
+    def system_prompt(self) -> str:
+        return (
+            "You fix bugs in a Python repository. Read the files you need, edit the code, run the tests,\n"
+            "and submit when they pass. Act only through tools.\n\n" + describe_tools(self.tools)
+        )
+
+
+def make_code_env(**kwargs: Any) -> gym.Env:
+    """Entry point of ``CompactCode-v0``."""
+    return CodeRepoEnv(**kwargs)

@@ -1,0 +1,437 @@
+"""Seeded generator of code-repository tasks whose fix needs facts stated far from the bug.
+
+A task is a small Python project: a package of modules, a README and docs pages, a config file,
+visible tests, and hidden specification tests. Some module-level constants of one module (the
+*bug file*) hold stale values; the correct values are stated elsewhere (a key in
+``config/defaults.toml``, a sentence in the docs, a contract line in another module's docstring),
+next to distractors that look alike (outdated values, neighbouring settings). The hidden spec tests
+check the functions that use those constants, so the fix needs every fact.
+
+``CodeTaskGenerator(config).generate(seed)`` is a pure function of ``(config, seed)``. Splits are
+disjoint seed sets: :func:`task_seed_for` maps ``(split, index)`` to ``index * 3 + k`` with
+``k = 0, 1, 2`` for ``train, val, test``, so no test task ever appears in training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from compactrl.envs.generators._facts import CATALOGUE, FactSpec, code_value, render
+from compactrl.envs.generators._filler import Block, _func, config_block, doc_block, doc_paragraph
+from compactrl.envs.task import Check, Task
+
+LOCATIONS = ("config", "doc", "docstring")
+SPLITS = ("train", "val", "test")
+PACKAGES = (
+    "ledgerline", "parcelhub", "meterkit", "tidewatch", "stockroom", "fleetlog", "billwise", "queuepost",
+    "relaybox", "gridnote", "harborops", "tallyman", "beaconlab", "orbitcart", "pinecrest", "quillpay",
+)
+BUG_MODULES = ("core", "engine", "service", "rules", "pipeline", "runtime")
+MODULES = (
+    "utils", "models", "storage", "network", "scheduler", "billing", "export", "accounts", "cache",
+    "reports", "inventory", "metrics", "events", "formatting", "validation", "registry", "routing", "pricing",
+)
+DOC_TOPICS = (
+    "architecture", "operations", "api", "configuration", "changelog", "deployment", "faq", "glossary",
+    "billing", "scheduling", "storage", "security",
+)
+CONFIG_FILE = "config/defaults.toml"
+
+
+@dataclass(frozen=True)
+class CodeTaskConfig:
+    """Knobs of the generator (validated on construction)."""
+
+    name: str = "custom"
+    """Label used in task ids (presets use their own name)."""
+    num_modules: int = 4
+    """Package modules besides the bug file and ``__init__.py`` (>= 1: docstring facts live there)."""
+    num_docs: int = 2
+    """Markdown pages under ``docs/`` (``README.md`` always exists)."""
+    file_lines: tuple[int, int] = (60, 120)
+    """Inclusive range of filler lines per module, docs page, README and config file."""
+    num_facts: int = 2
+    """Stale constants in the bug file, each fixed by one fact stated elsewhere."""
+    fact_depth: tuple[float, float] = (0.5, 0.9)
+    """Where a fact sits in its file, as a fraction of the file's length (0 top, 1 bottom)."""
+    distractors_per_fact: int = 2
+    """Look-alike statements with wrong values per fact, anywhere in the project."""
+    locations: tuple[str, ...] = LOCATIONS
+    """Where facts may be stated: ``config``, ``doc``, ``docstring``."""
+    max_turns: int = 30
+    """Turn limit stored in each task (the env's default ``max_turns``)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_modules >= 1, "num_modules", ">= 1", self.num_modules)
+        _check(0 <= self.num_docs <= len(DOC_TOPICS), "num_docs", f"in [0, {len(DOC_TOPICS)}]", self.num_docs)
+        lo, hi = self.file_lines
+        _check(1 <= lo <= hi, "file_lines", "(lo, hi) with 1 <= lo <= hi", self.file_lines)
+        _check(1 <= self.num_facts <= len(CATALOGUE), "num_facts", f"in [1, {len(CATALOGUE)}]", self.num_facts)
+        dlo, dhi = self.fact_depth
+        _check(0.0 <= dlo <= dhi <= 1.0, "fact_depth", "(lo, hi) with 0 <= lo <= hi <= 1", self.fact_depth)
+        _check(self.distractors_per_fact >= 0, "distractors_per_fact", ">= 0", self.distractors_per_fact)
+        _check(
+            bool(self.locations) and set(self.locations) <= set(LOCATIONS),
+            "locations", f"a non-empty subset of {LOCATIONS}", self.locations,
+        )
+        _check(self.max_turns >= 1, "max_turns", ">= 1", self.max_turns)
+        _check(self.num_modules <= len(MODULES), "num_modules", f"<= {len(MODULES)}", self.num_modules)
+
+
+def _check(ok: bool, name: str, expected: str, got: object) -> None:
+    if not ok:
+        raise ValueError(f"CodeTaskConfig.{name}: expected {expected}, got {got!r}")
+
+
+PRESETS: dict[str, CodeTaskConfig] = {
+    # A tiny model learns this on CPU: a few short files, one fact, one distractor.
+    "easy": CodeTaskConfig(
+        name="easy", num_modules=1, num_docs=0, file_lines=(6, 14), num_facts=1,
+        fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=12,
+    ),
+    "default": CodeTaskConfig(name="default"),
+    "hard": CodeTaskConfig(
+        name="hard", num_modules=8, num_docs=4, file_lines=(150, 300), num_facts=4,
+        fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=60,
+    ),
+}
+
+
+def preset(difficulty: str | CodeTaskConfig) -> CodeTaskConfig:
+    """The config of a preset name (``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
+    if isinstance(difficulty, CodeTaskConfig):
+        return difficulty
+    if difficulty not in PRESETS:
+        raise ValueError(f"difficulty: expected one of {sorted(PRESETS)}, got {difficulty!r}")
+    return PRESETS[difficulty]
+
+
+def task_seed_for(split: str, index: int) -> int:
+    """Seed of task ``index`` of ``split``; the splits' seed sets are disjoint (``index*3 + k``)."""
+    if split not in SPLITS:
+        raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+    if index < 0:
+        raise ValueError(f"index: expected >= 0, got {index}")
+    return index * len(SPLITS) + SPLITS.index(split)
+
+
+def split_of_seed(seed: int) -> str:
+    """Inverse of :func:`task_seed_for` for the split."""
+    return SPLITS[seed % len(SPLITS)]
+
+
+@dataclass
+class _Fact:
+    spec: FactSpec
+    location: str
+    stated: str
+    value: object
+    wrong: object
+    file: str
+    distractors: list[tuple[str, str, str]] = field(default_factory=list)  # (file, location, stated)
+
+
+class CodeTaskGenerator:
+    """``generate(seed) -> Task``, pure and reproducible; see the module docstring."""
+
+    def __init__(self, config: CodeTaskConfig | str = "default") -> None:
+        self.config = preset(config)
+        digest = hashlib.blake2b(json.dumps(asdict(self.config), sort_keys=True).encode(), digest_size=4)
+        self.label = self.config.name if self.config in PRESETS.values() else f"{self.config.name}-{digest.hexdigest()}"
+        self._cache: OrderedDict[int, Task] = OrderedDict()
+
+    def generate(self, seed: int) -> Task:
+        seed = int(seed)
+        task = self._cache.get(seed)
+        if task is None:
+            task = _generate(self.config, self.label, seed)
+            self._cache[seed] = task
+            if len(self._cache) > 1024:
+                self._cache.popitem(last=False)
+        return task
+
+
+class GeneratedTasks:
+    """A task sampler over one split of a generator (the env's default task source)."""
+
+    def __init__(self, generator: CodeTaskGenerator, split: str = "train") -> None:
+        task_seed_for(split, 0)  # validates the split name
+        self.generator, self.split = generator, split
+
+    def sample(self, rng: np.random.Generator) -> Task:
+        return self.task(int(rng.integers(0, 2**31 - 1)))
+
+    def task(self, index: int) -> Task:
+        return self.generator.generate(task_seed_for(self.split, index))
+
+
+# ----------------------------------------------------------------------------------------------
+# generation
+
+
+def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
+    rng = random.Random(f"compactrl-code:{seed}")
+    pkg = rng.choice(PACKAGES)
+    bug = rng.choice(BUG_MODULES)
+    others = rng.sample(MODULES, cfg.num_modules)
+    doc_files = ["README.md"] + [f"docs/{t}.md" for t in rng.sample(DOC_TOPICS, cfg.num_docs)]
+    module_files = [f"{pkg}/{m}.py" for m in others]
+    bug_file = f"{pkg}/{bug}.py"
+    hosts = {"config": [CONFIG_FILE], "doc": doc_files, "docstring": module_files}
+    facts = [_choose_fact(rng, cfg, spec, hosts) for spec in rng.sample(CATALOGUE, cfg.num_facts)]
+    facts.sort(key=lambda f: f.spec.key)
+
+    files: dict[str, str] = {}
+    tests: dict[str, dict] = {}
+    imports: dict[str, list[str]] = {f"{pkg}/__init__.py": []}
+    files[f"{pkg}/__init__.py"] = f'"""{pkg}: a small service library."""\n\n__version__ = "{rng.randint(0, 3)}.{rng.randint(0, 12)}.{rng.randint(0, 9)}"\n'
+    for module, path in zip(others, module_files):
+        lines, blocks = _module(rng, cfg, pkg, module, header_imports=[])
+        files[path] = _insert_statements(rng, cfg, path, lines, facts, "docstring")
+        imports[path] = [f"{pkg}/__init__.py"]
+        _visible_tests(pkg, module, path, blocks, files, tests, imports)
+    helper = others[0]
+    helper_name = next(n for n in _names_in(files[module_files[0]]))
+    bug_lines, bug_blocks = _module(rng, cfg, pkg, bug, header_imports=[f"from {pkg}.{helper} import {helper_name}  # noqa: F401  (re-exported)"], facts=facts)
+    files[bug_file] = "\n".join(bug_lines) + "\n"
+    imports[bug_file] = [f"{pkg}/__init__.py", module_files[0]]
+    _visible_tests(pkg, bug, bug_file, bug_blocks, files, tests, imports)
+    spec_file = f"tests/test_{bug}_spec.py"
+    spec_source = _spec_tests(pkg, bug, facts)
+    for fact in facts:
+        tests[f"{spec_file}::test_{fact.spec.func_name}"] = {"file": spec_file, "imports": [bug_file], "facts": [fact.spec.key]}
+    for path in doc_files:
+        lines = _doc_file(rng, cfg, pkg, path, doc_files, module_files)
+        files[path] = _insert_statements(rng, cfg, path, lines, facts, "doc")
+    files[CONFIG_FILE] = _insert_statements(rng, cfg, CONFIG_FILE, _config_file(rng, cfg, pkg), facts, "config")
+    files["pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "1.0.0"\nrequires-python = ">=3.10"\n'
+    files = dict(sorted(files.items()))
+    visible_tests = {p: c for p, c in files.items() if p.startswith("tests/")}
+    meta_facts = [_fact_metadata(f, files) for f in facts]
+    return Task(
+        id=f"code-{label}-{seed}",
+        kind="code",
+        instruction=_instruction(pkg, bug_file, facts),
+        files=files,
+        check=Check(
+            kind="pytest",
+            must_pass=tuple(sorted(tests)),
+            hidden_files={spec_file: spec_source, **visible_tests},
+        ),
+        max_turns=cfg.max_turns,
+        source="generated",
+        metadata={
+            "generator": "code",
+            "version": 1,
+            "seed": seed,
+            "split": split_of_seed(seed),
+            "config": asdict(cfg),
+            "package": pkg,
+            "bug_file": bug_file,
+            "spec_file": spec_file,
+            "facts": meta_facts,
+            "fix": [
+                {"file": bug_file, "old": f"{f.spec.key} = {f.wrong!r}\n", "new": f"{f.spec.key} = {f.value!r}\n"}
+                for f in facts
+            ],
+            "sim": {"modules": imports, "tests": tests},
+        },
+    )
+
+
+def _choose_fact(rng: random.Random, cfg: CodeTaskConfig, spec: FactSpec, hosts: dict[str, list[str]]) -> _Fact:
+    location = rng.choice([loc for loc in cfg.locations if hosts[loc]])
+    stated = rng.choice(spec.values)
+    others = [v for v in spec.values if v != stated]
+    wrong_values = [others[i % len(others)] for i in range(max(1, cfg.distractors_per_fact))]
+    rng.shuffle(wrong_values)
+    fact = _Fact(spec, location, stated, code_value(spec.transform, stated),
+                 code_value(spec.transform, wrong_values[0]), rng.choice(hosts[location]))
+    for stated_wrong in wrong_values[: cfg.distractors_per_fact]:
+        loc = rng.choice([loc for loc in cfg.locations if hosts[loc]])
+        fact.distractors.append((rng.choice(hosts[loc]), loc, stated_wrong))
+    return fact
+
+
+def _names_in(source: str) -> list[str]:
+    return re.findall(r"^(?:def|class) (\w+)", source, flags=re.M)
+
+
+def _fill(rng: random.Random, target: int, used: set[str], lines: list[str]) -> list[Block]:
+    """Append filler functions to ``lines`` until it has ``target`` lines; returns their blocks."""
+    blocks = []
+    while len(lines) < target:
+        block = _func(rng, used, rng.randrange(1000))
+        if not block.lines:
+            continue
+        block.slots = [len(lines) + 2 + s for s in block.slots]
+        lines += ["", ""] + block.lines
+        blocks.append(block)
+    return blocks
+
+
+def _module(rng, cfg, pkg, module, header_imports, facts=()):
+    target = rng.randint(*cfg.file_lines)
+    summary = doc_paragraph(rng)[0]
+    lines = [f'"""{module.capitalize()} helpers of {pkg}.', "", summary, '"""']
+    if header_imports:
+        lines += [""] + header_imports
+    used: set[str] = set()
+    blocks: list[Block] = []
+    fact_positions = sorted(rng.randint(0, max(0, target // 20)) for _ in facts)
+    for i, fact in enumerate(facts):
+        while len(blocks) < fact_positions[i]:
+            blocks += _fill(rng, len(lines) + 1, used, lines)
+        lines += ["", "", f"{fact.spec.key} = {fact.wrong!r}", "", ""] + fact.spec.function.split("\n")
+    blocks += _fill(rng, target, used, lines)
+    return lines, blocks
+
+
+def _visible_tests(pkg, module, path, blocks, files, tests, imports) -> None:
+    chosen = [b for b in blocks if b.tests][:3]
+    if not chosen:
+        return
+    test_file = f"tests/test_{module}.py"
+    names = sorted(n for b in chosen for n in b.names)
+    body = [f'"""Tests of {pkg}.{module}."""', "", f"from {pkg}.{module} import {', '.join(names)}"]
+    for block in chosen:
+        for name, test in block.tests:
+            body += ["", "", f"def {name}():", test.rstrip("\n")]
+            tests[f"{test_file}::{name}"] = {"file": test_file, "imports": [path], "facts": []}
+    files[test_file] = "\n".join(body) + "\n"
+
+
+def _spec_tests(pkg, bug, facts) -> str:
+    names = sorted(f.spec.func_name for f in facts)
+    out = [f'"""Specification tests of {pkg}.{bug}."""', "", "import pytest", "", f"from {pkg}.{bug} import {', '.join(names)}"]
+    for fact in facts:
+        out += ["", "", f"def test_{fact.spec.func_name}():", fact.spec.test(fact.value).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
+def _doc_file(rng, cfg, pkg, path, doc_files, module_files) -> list[str]:
+    target = rng.randint(*cfg.file_lines)
+    if path == "README.md":
+        lines = [f"# {pkg}", "", f"{pkg} is a small service library. " + doc_paragraph(rng)[0], ""]
+        lines += ["Layout:", ""] + [f"- `{p}`" for p in module_files + doc_files[1:] + [CONFIG_FILE]] + [""]
+    else:
+        title = path.rsplit("/", 1)[-1].removesuffix(".md").capitalize()
+        lines = [f"# {title}", ""]
+    slots = [len(lines) - 1]
+    while len(lines) < target:
+        block = doc_block(rng)
+        slots += [len(lines) + s for s in block.slots]
+        lines += block.lines
+    return _with_slots(lines, slots)
+
+
+def _config_file(rng, cfg, pkg) -> list[str]:
+    target = rng.randint(*cfg.file_lines)
+    lines = [f"# Defaults of {pkg}. The code mirrors these values; this file is authoritative.", ""]
+    slots: list[int] = []
+    used: set[str] = set()
+    sections = iter(rng.sample(MODULES, len(MODULES)) * 4)
+    while len(lines) < target or not slots:
+        block = config_block(rng, next(sections), used)
+        slots += [len(lines) + s for s in block.slots]
+        lines += block.lines
+    return _with_slots(lines, slots)
+
+
+class _Lines(list):
+    """A list of lines that remembers its insertion slots (line index -> indent of inserted lines)."""
+
+    slots: dict[int, str]
+
+
+def _with_slots(lines: list[str], slots: list[int], indent: str = "") -> _Lines:
+    out = _Lines(lines)
+    out.slots = {s: indent for s in slots}
+    return out
+
+
+def _module_slots(lines: list[str]) -> _Lines:
+    """Slots of a module: inside the module docstring and every multi-line function docstring."""
+    out = _Lines(lines)
+    out.slots = {2: ""}  # before the module docstring's summary line (see ``_module``)
+    for i, line in enumerate(lines[:-1]):
+        opens_docstring = line.startswith('    """') and len(line) > 7 and not line.endswith('"""', 7)
+        if opens_docstring and lines[i + 1] == "":
+            out.slots[i + 2] = "    "
+    return out
+
+
+def _insert_statements(rng, cfg, path, lines, facts, location) -> str:
+    """Insert the facts and distractors that live in ``path`` at their depths; return the text."""
+    if location == "docstring":
+        lines = _module_slots(lines)
+    inserts = []
+    for fact in facts:
+        template_by_loc = fact.spec.statements
+        if fact.file == path and fact.location == location:
+            inserts.append((rng.uniform(*cfg.fact_depth), render(template_by_loc[location][0], fact.spec, fact.stated)))
+        templates = list(fact.spec.distractors.get(location, ()))
+        rng.shuffle(templates)
+        for i, (file, loc, stated) in enumerate(fact.distractors):
+            if file == path and loc == location and templates:
+                inserts.append((rng.random(), render(templates[i % len(templates)], fact.spec, stated)))
+    n = len(lines)
+    slots = sorted(lines.slots)
+    placed = sorted(((min(slots, key=lambda s: abs(s - depth * n)), text) for depth, text in inserts),
+                    key=lambda p: -p[0])
+    out = list(lines)
+    for slot, text in placed:
+        out.insert(slot, lines.slots[slot] + text)
+    return "\n".join(out) + "\n"
+
+
+def _fact_metadata(fact: _Fact, files: dict[str, str]) -> dict:
+    pattern = fact.spec.statements[fact.location][1]
+    regex = re.compile(pattern)
+    hits = [(p, i + 1) for p, text in files.items() for i, line in enumerate(text.split("\n")) if regex.search(line)]
+    if len(hits) != 1 or hits[0][0] != fact.file:
+        raise RuntimeError(f"fact {fact.spec.key}: pattern {pattern!r} matches {hits}, expected one line in {fact.file}")
+    distractors = []
+    for file, loc, stated in fact.distractors:
+        for i, line in enumerate(files[file].split("\n")):
+            templates = fact.spec.distractors.get(loc, ())
+            if any(line.strip() == render(t, fact.spec, stated) for t in templates):
+                distractors.append({"file": file, "line": i + 1, "stated": stated})
+                break
+    return {
+        "key": fact.spec.key,
+        "compare": fact.spec.compare,
+        "transform": fact.spec.transform,
+        "location": fact.location,
+        "file": fact.file,
+        "line": hits[0][1],
+        "pattern": pattern,
+        "stated": fact.stated,
+        "value": fact.value,
+        "wrong_value": fact.wrong,
+        "function": fact.spec.func_name,
+        "distractors": distractors,
+    }
+
+
+def _instruction(pkg: str, bug_file: str, facts: list[_Fact]) -> str:
+    funcs = ", ".join(f"`{f.spec.func_name}`" for f in facts)
+    return (
+        f"The tests of `{pkg}` fail: `{bug_file}` does not follow the project's specification.\n"
+        f"These functions give wrong results: {funcs}.\n"
+        "The constants they use must match the values stated in the configuration, the documentation "
+        "or the docstrings of other modules; beware of outdated and look-alike values.\n"
+        "Fix the code, run the tests, then submit."
+    )
+
+
+def with_overrides(config: CodeTaskConfig, **overrides) -> CodeTaskConfig:
+    """A copy of ``config`` with fields replaced (validated)."""
+    return replace(config, **overrides)

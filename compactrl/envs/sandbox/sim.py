@@ -1,0 +1,380 @@
+"""The simulated backend: an in-memory work dir and a static test verdict.
+
+Nothing the agent writes is ever executed. ``run_tests`` decides each test's outcome from the
+current files with :mod:`ast`, for generated code tasks (``task.metadata["sim"]``, see
+:mod:`compactrl.envs.generators.code`), so that it equals what ``python -m pytest`` would report on
+the same files (``docs/environments.md`` lists the edits on which the two can disagree):
+
+1. A module that is missing, does not parse, or whose import would raise (a constant's value
+   expression raising, a name used before it is bound) is *broken*: every test whose imports reach
+   it fails, as pytest's collection error would make it.
+2. A module whose code differs from the original in anything but comments, formatting, docstrings
+   and the value expressions of the bug file's constants is *changed*: tests reaching it fail (the
+   sim does not guess what new code does).
+3. Otherwise each constant's value expression is evaluated by a small evaluator over literals,
+   arithmetic, earlier constants and a few pure builtins, and compared with the correct value; a
+   spec test passes iff the constants its function uses are correct.
+
+Verdicts are cached by file-content hash, so repeated test runs are cheap.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import logging
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
+from compactrl.envs.task import Task
+from compactrl.envs.tools import normalize_path
+
+log = logging.getLogger(__name__)
+
+Judge = Callable[[Task, dict[str, str]], TestReport]
+
+SHELL_UNAVAILABLE = (
+    "shell is not available on the sim backend: use view, search, replace, create and test "
+    "(or a real backend: backend='local' or 'docker')"
+)
+
+
+class SimSandbox:
+    """In-memory :class:`~compactrl.envs.sandbox.base.Sandbox`; deterministic, no processes.
+
+    ``judge`` decides test verdicts (default: :func:`judge_code_task`, which needs a generated
+    code task). ``exec`` delegates to :mod:`compactrl.envs.shell_sim` when that module provides
+    ``execute(files, command, *, timeout_s)``; otherwise it answers that the shell is unavailable.
+    """
+
+    backend = "sim"
+
+    def __init__(self, *, judge: Judge | None = None) -> None:
+        self._judge = judge or judge_code_task
+        self._files: dict[str, str] = {}
+        self._task: Task | None = None
+        self._shell = _load_shell()
+
+    def start(self, task: Task) -> None:
+        if self._judge is judge_code_task and "sim" not in task.metadata:
+            raise ValueError(
+                f"task {task.id!r}: backend='sim' needs task.metadata['sim'] (a generated code task) "
+                "or a custom judge; use backend='local' or 'docker' for other tasks"
+            )
+        self._task = task
+        self._files = dict(task.files)
+
+    # -- files -------------------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        try:
+            return normalize_path(path)
+        except ValueError as exc:
+            raise PermissionError(str(exc)) from None
+
+    def read_file(self, path: str) -> str:
+        rel = self._path(path)
+        if rel in self._files:
+            return self._files[rel]
+        if rel == "" or any(p.startswith(rel + "/") for p in self._files):
+            raise IsADirectoryError(f"{path} is a directory")
+        raise FileNotFoundError(f"no such file: {path}")
+
+    def write_file(self, path: str, content: str) -> None:
+        rel = self._path(path)
+        if rel == "" or any(p.startswith(rel + "/") for p in self._files):
+            raise IsADirectoryError(f"{path} is a directory")
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in self._files:
+                raise NotADirectoryError(f"{'/'.join(parts[:i])} is a file, not a directory")
+        self._files[rel] = content
+
+    def list_files(self) -> list[str]:
+        return sorted(self._files)
+
+    # -- processes ---------------------------------------------------------------------------
+    def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        if self._shell is None:
+            return ExecResult(output=SHELL_UNAVAILABLE, exit_code=127)
+        return self._shell(self._files, command, timeout_s=timeout_s)
+
+    def run_tests(self) -> TestReport:
+        task = self._require_task()
+        # Like the real backends: hidden files are written for the run; those that belong to the
+        # visible project (the visible tests) stay restored, the others never become visible.
+        for path, content in task.check.hidden_files.items():
+            if path in task.files:
+                self._files[path] = content
+        view = dict(self._files)
+        view.update(task.check.hidden_files)
+        return self._judge(task, view)
+
+    def close(self) -> None:
+        self._files = {}
+        self._task = None
+
+    def _require_task(self) -> Task:
+        if self._task is None:
+            raise SandboxError("the sim sandbox was not started (call start(task) first)")
+        return self._task
+
+
+def _load_shell():
+    try:
+        module = importlib.import_module("compactrl.envs.shell_sim")
+    except ImportError:
+        return None
+    return getattr(module, "execute", None)
+
+
+# ----------------------------------------------------------------------------------------------
+# the verdict
+
+
+def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
+    """Per-test verdict of a generated code task on ``files`` (see the module docstring)."""
+    meta = task.metadata
+    sim = meta["sim"]
+    bug_file = meta["bug_file"]
+    facts = tuple((f["key"], f["compare"], _freeze(f["value"])) for f in meta["facts"])
+    status: dict[str, str] = {}
+    fact_ok: dict[str, bool] = {}
+    for path in sim["modules"]:
+        spec = facts if path == bug_file else ()
+        status[path], ok = _module_verdict(files.get(path), task.files[path], spec)
+        fact_ok.update(ok)
+    closures = _closures(tuple((m, tuple(d)) for m, d in sim["modules"].items()))
+    reach = {t: set().union(*(closures[m] for m in sim["tests"][t]["imports"])) for t in task.check.must_pass}
+    # A test file whose import fails is a collection error, and pytest then runs no test at all.
+    collection_error = any(status[m] == "broken" for r in reach.values() for m in r)
+    passed, failed = [], []
+    for test_id in task.check.must_pass:
+        ok = (
+            not collection_error
+            and all(status[m] == "ok" for m in reach[test_id])
+            and all(fact_ok.get(k, False) for k in sim["tests"][test_id]["facts"])
+        )
+        (passed if ok else failed).append(test_id)
+    return TestReport(tuple(passed), tuple(failed), _pytest_like_output(passed, failed), not failed)
+
+
+def _freeze(value):
+    return value
+
+
+@lru_cache(maxsize=64)
+def _closures(modules: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, frozenset[str]]:
+    graph = dict(modules)
+    out = {}
+    for start in graph:
+        seen, todo = {start}, [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        out[start] = frozenset(seen)
+    return out
+
+
+def _pytest_like_output(passed: list[str], failed: list[str]) -> str:
+    lines = [f"PASSED {t}" for t in passed] + [f"FAILED {t}" for t in failed]
+    counts = ", ".join(s for s in (f"{len(failed)} failed" if failed else "", f"{len(passed)} passed" if passed else "") if s)
+    return "\n".join(lines + [f"{counts or 'no tests ran'} (sim)"])
+
+
+@lru_cache(maxsize=8192)
+def _module_verdict(
+    current: str | None, original: str, facts: tuple[tuple[str, str, object], ...]
+) -> tuple[str, dict[str, bool]]:
+    """``("ok" | "broken" | "changed", {fact key: correct})`` for one module's source."""
+    keys = {k for k, _, _ in facts}
+    none_ok = {k: False for k in keys}
+    if current is None:
+        return "broken", none_ok
+    if current == original and not facts:
+        return "ok", {}
+    try:
+        tree = ast.parse(current)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "broken", none_ok
+    skeleton, sites = _skeleton(tree, keys)
+    if skeleton != _original_skeleton(original, frozenset(keys)):
+        return "changed", none_ok
+    values = _evaluate_module(tree, keys)
+    if values is None:
+        return "broken", none_ok
+    ok = {key: _matches(values.get(key, _UNKNOWN), compare, expected) for key, compare, expected in facts}
+    return "ok", ok
+
+
+@lru_cache(maxsize=1024)
+def _original_skeleton(original: str, keys: frozenset[str]) -> str:
+    return _skeleton(ast.parse(original), set(keys))[0]
+
+
+def _skeleton(tree: ast.Module, keys: set[str]) -> tuple[str, list[str]]:
+    """The module's AST dump without docstrings and with the fact constants' values blanked."""
+    sites = []
+    body = []
+    for stmt in tree.body:
+        target = _fact_target(stmt, keys)
+        if target is not None:
+            sites.append(target)
+            stmt = ast.Assign(targets=[ast.Name(id=target, ctx=ast.Store())], value=ast.Constant(None))
+        body.append(stmt)
+    module = ast.Module(body=_strip_docstrings(body), type_ignores=[])
+    for node in ast.walk(module):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            node.body = _strip_docstrings(node.body) or [ast.Pass()]
+    return ast.dump(module, annotate_fields=False, include_attributes=False), sites
+
+
+def _strip_docstrings(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return body[1:]
+    return body
+
+
+def _fact_target(stmt: ast.stmt, keys: set[str]) -> str | None:
+    """The fact constant a top-level statement assigns (``KEY = expr`` or ``KEY: T = expr``)."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        name = stmt.targets[0].id
+    elif isinstance(stmt, ast.AnnAssign) and stmt.simple and stmt.value is not None and isinstance(stmt.target, ast.Name):
+        name = stmt.target.id
+    else:
+        return None
+    return name if name in keys else None
+
+
+# -- the evaluator --------------------------------------------------------------------------
+
+
+class _Unknown:
+    """A value the evaluator does not model (a function object, a call it does not allow...)."""
+
+    def __repr__(self) -> str:
+        return "<unknown>"
+
+
+_UNKNOWN = _Unknown()
+_PURE_BUILTINS = {"int": int, "float": float, "str": str, "abs": abs, "round": round, "min": min, "max": max}
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a**b,
+}
+_UNARY = {ast.USub: lambda a: -a, ast.UAdd: lambda a: +a, ast.Not: lambda a: not a, ast.Invert: lambda a: ~a}
+_MAX_BITS = 100_000
+_MAX_STR = 1_000_000
+
+
+class _Raises(Exception):
+    """Evaluating the expression raises at import time (real Python would fail the import)."""
+
+
+def _evaluate_module(tree: ast.Module, keys: set[str]) -> dict[str, object] | None:
+    """Values of the fact constants as importing the module would bind them; None if it raises."""
+    env: dict[str, object] = {}
+    out: dict[str, object] = {}
+    for stmt in tree.body:
+        target = _fact_target(stmt, keys)
+        if target is not None:
+            try:
+                value = _eval(stmt.value, env)
+            except _Raises:
+                return None
+            env[target] = out[target] = value
+        else:
+            for name in _bound_names(stmt):
+                env[name] = _UNKNOWN
+    return out
+
+
+def _bound_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
+def _eval(node: ast.expr, env: dict[str, object]) -> object:
+    try:
+        return _eval_node(node, env)
+    except _Raises:
+        raise
+    except (ArithmeticError, TypeError, ValueError) as exc:
+        raise _Raises(type(exc).__name__) from None
+    except RecursionError:
+        return _UNKNOWN
+
+
+def _eval_node(node: ast.expr, env: dict[str, object]) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in env:
+            return env[node.id]
+        if node.id in _PURE_BUILTINS:
+            return _PURE_BUILTINS[node.id]
+        if hasattr(builtins, node.id):
+            return _UNKNOWN
+        raise _Raises("NameError")
+    args: list[object]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        args = [_eval_node(node.operand, env)]
+        op = _UNARY[type(node.op)]
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        args = [_eval_node(node.left, env), _eval_node(node.right, env)]
+        op = _BINOPS[type(node.op)]
+        if not _affordable(node.op, *args):
+            return _UNKNOWN
+    elif isinstance(node, ast.Call) and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args):
+        func = _eval_node(node.func, env)
+        args = [_eval_node(a, env) for a in node.args]
+        if func not in _PURE_BUILTINS.values():
+            return _UNKNOWN
+        op = func
+    else:
+        return _UNKNOWN
+    if any(a is _UNKNOWN for a in args) or any(not isinstance(a, (int, float, complex, str, bool, type(None), bytes)) for a in args):
+        return _UNKNOWN
+    return _bounded(op(*args))
+
+
+def _affordable(op: ast.operator, a: object, b: object) -> bool:
+    """Refuse operations whose result would be huge (real Python would just be slow)."""
+    if isinstance(op, ast.Pow) and isinstance(a, int) and isinstance(b, int) and b > 0:
+        return max(1, abs(a).bit_length()) * b <= _MAX_BITS
+    if isinstance(op, ast.Mult) and isinstance(a, (str, bytes)) and isinstance(b, int):
+        return len(a) * b <= _MAX_STR
+    if isinstance(op, ast.Mult) and isinstance(b, (str, bytes)) and isinstance(a, int):
+        return len(b) * a <= _MAX_STR
+    return True
+
+
+def _bounded(value: object) -> object:
+    if isinstance(value, int) and value.bit_length() > _MAX_BITS:
+        return _UNKNOWN
+    return value
+
+
+def _matches(value: object, compare: str, expected: object) -> bool:
+    if compare == "int":
+        return type(value) is int and value == expected
+    if compare == "number":
+        return type(value) in (int, float) and not (isinstance(value, float) and math.isnan(value)) and value == expected
+    if compare == "str":
+        return type(value) is str and value == expected
+    raise ValueError(f"unknown compare rule {compare!r}")
