@@ -276,6 +276,9 @@ class CompletionEngine:
         self.batch_wait_s = batch_wait_ms / 1000.0
         self._queue: queue.Queue[Job] = queue.Queue()
         self._closed = threading.Event()
+        self.batches = 0
+        """Generation batches run so far (with ``jobs``, shows how well requests are batched)."""
+        self.jobs = 0
         self._thread = threading.Thread(target=self._loop, name="compactrl-serve-engine", daemon=True)
         self._thread.start()
 
@@ -328,6 +331,8 @@ class CompletionEngine:
             for j in group:
                 j.future.set_exception(exc)
             return
+        self.batches += 1
+        self.jobs += len(group)
         for j, g in zip(group, gens):
             j.future.set_result(g)
 

@@ -1,0 +1,207 @@
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+import torch
+from policy_helpers import cached_tiny, random_prompts, right_padded, start_server, stop_server
+
+from compactrl.policies.openai_client import (
+    OpenAICompletionsPolicy,
+    ServerResponseError,
+    ServerUnavailableError,
+    completion_payload,
+    parse_choice,
+)
+from compactrl.policies.serve import ServeConfig, make_server
+from compactrl.policies.tiny_moe import tiny_moe
+from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
+from compactrl.types import PolicyRequest, TokenResponse
+
+FP32_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def server(tokenizer):
+    """An in-process server on a free loopback port (the subprocess tests below cover the CLI)."""
+    policy = TransformersPolicy(cached_tiny("glm4_moe"), tokenizer, seed=0)
+    srv = make_server(policy, ServeConfig(port=0, model_name="tiny", batch_wait_ms=20))
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    host, port = srv.server_address[:2]
+    yield srv, f"http://{host}:{port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def max_diff_vs_log_prob(policy, prompts, responses, **kw):
+    seqs = [list(p) + list(r.token_ids) for p, r in zip(prompts, responses)]
+    tokens, mask = right_padded(seqs)
+    with torch.no_grad():
+        lp, _ = policy.log_prob(tokens, mask, **kw)
+    return max((lp[i, len(p): len(p) + len(r.token_ids)] - torch.tensor(r.log_probs)).abs().max().item()
+               for i, (p, r) in enumerate(zip(prompts, responses)))
+
+
+# -- protocol ---------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_health_models_and_completion_fields(server):
+    _, url = server
+    assert requests.get(f"{url}/health", timeout=5).status_code == 200
+    models = requests.get(f"{url}/v1/models", timeout=5).json()
+    assert models["data"][0]["id"] == "tiny" and models["data"][0]["max_model_len"] == 8192
+    body = {"model": "tiny", "prompt": [1, 399, 201, 2, 1], "max_tokens": 6, "logprobs": 2,
+            "return_token_ids": True, "return_tokens_as_token_ids": True}
+    data = requests.post(f"{url}/v1/completions", json=body, timeout=60).json()
+    choice = data["choices"][0]
+    assert data["object"] == "text_completion" and data["usage"]["prompt_tokens"] == 5
+    assert choice["prompt_token_ids"] == body["prompt"]
+    ids = choice["token_ids"]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids]
+    assert data["usage"]["completion_tokens"] == len(ids) <= 6
+    for t, lp, top in zip(ids, choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]):
+        assert top[f"token_id:{t}"] == lp and 2 <= len(top) <= 3
+    assert choice["finish_reason"] in ("stop", "length")
+    # a string prompt and a batch of prompts
+    data = requests.post(f"{url}/v1/completions", json={"prompt": ["hello", [5, 6, 7]], "max_tokens": 2},
+                         timeout=60).json()
+    assert [c["index"] for c in data["choices"]] == [0, 1] and data["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("body,status,word", [
+    ({"model": "other", "prompt": [1]}, 404, "does not exist"),
+    ({"prompt": [1], "n": 2}, 400, "'n'"),
+    ({"prompt": [1], "stream": True}, 400, "'stream'"),
+    ({"prompt": [1], "stop": ["\n"]}, 400, "stop_token_ids"),
+    ({"prompt": [1], "max_tokens": 9000}, 400, "maximum context length"),
+    ({"prompt": [1, 99999]}, 400, "token ids must be in"),
+    ({"prompt": {"x": 1}}, 400, "'prompt'"),
+    ({"prompt": [1], "temperature": "hot"}, 400, "'temperature'"),
+    ({"prompt": [1], "logprobs": 50}, 400, "'logprobs'"),
+    ({"max_tokens": 3}, 400, "'prompt' is required"),
+])
+@pytest.mark.timeout(30)
+def test_bad_requests_get_vllm_style_errors(server, body, status, word):
+    _, url = server
+    resp = requests.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert resp.status_code == status
+    err = resp.json()
+    assert err["object"] == "error" and err["code"] == status and word in err["message"]
+
+
+def test_not_json_and_unknown_route(server):
+    _, url = server
+    assert requests.post(f"{url}/v1/completions", data=b"{nope", timeout=10).status_code == 400
+    assert requests.post(f"{url}/v1/chat/completions", json={}, timeout=10).status_code == 404
+
+
+# -- client against the server ----------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_client_log_probs_equal_log_prob_and_requests_batch(server, tokenizer):
+    srv, url = server
+    prompts = random_prompts(12, lo=5, hi=80, seed=21)
+    batches_before = srv.engine.batches
+    with OpenAICompletionsPolicy(url, "tiny", tokenizer=tokenizer, max_new_tokens=10, max_concurrency=12) as client:
+        out = client.act([PolicyRequest(messages=[], prompt_token_ids=p) for p in prompts])
+    assert all(isinstance(r, TokenResponse) and 0 < len(r.token_ids) <= 10 for r in out)
+    assert srv.engine.batches - batches_before < len(prompts)  # concurrent requests shared batches
+    diff = max_diff_vs_log_prob(srv.policy, prompts, out)
+    print(f"serve+client: max |sample log-prob - log_prob| = {diff:.2e}")
+    assert diff < FP32_TOL
+    for r in out:
+        body = list(r.token_ids[:-1]) if r.finished else list(r.token_ids)
+        assert str(r) == tokenizer.decode(body, skip_special_tokens=False)
+
+
+@pytest.mark.timeout(120)
+def test_batched_server_greedy_equals_in_process(server, tokenizer):
+    srv, url = server
+    prompts = random_prompts(8, lo=5, hi=60, seed=22)
+    with OpenAICompletionsPolicy(url, "tiny", tokenizer=tokenizer, temperature=0.0, max_new_tokens=6,
+                                 max_concurrency=8) as client:
+        remote = client.act([PolicyRequest(messages=[], prompt_token_ids=p) for p in prompts])
+    local = TransformersPolicy(srv.policy.model, tokenizer, temperature=0.0).generate(prompts, 6)
+    assert [list(r.token_ids) for r in remote] == [g.token_ids for g in local]
+
+
+@pytest.mark.timeout(60)
+def test_raw_logprobs_mode_reports_the_untempered_model(tokenizer):
+    policy = TransformersPolicy(cached_tiny("mixtral"), tokenizer, seed=0)
+    srv = make_server(policy, ServeConfig(port=0, model_name="m", logprobs_mode="raw_logprobs"))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        prompts = random_prompts(3, seed=23)
+        with OpenAICompletionsPolicy(url, "m", tokenizer=tokenizer, temperature=0.5, max_new_tokens=5) as client:
+            out = client.act([PolicyRequest(messages=[], prompt_token_ids=p) for p in prompts])
+        assert max_diff_vs_log_prob(policy, prompts, out, temperature=1.0) < FP32_TOL
+        assert max_diff_vs_log_prob(policy, prompts, out, temperature=0.5) > 1e-2
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_http_errors_are_surfaced(server, tokenizer):
+    _, url = server
+    with OpenAICompletionsPolicy(url, "wrong-name", tokenizer=tokenizer, retries=0) as client:
+        with pytest.raises(ServerResponseError, match="404.*does not exist") as info:
+            client.act([PolicyRequest(messages=[], prompt_token_ids=[1, 2, 3])])
+    assert info.value.status == 404
+
+
+def test_payload_and_choice_parsing_are_pure():
+    body = completion_payload("m", [1, 2], 7, SamplingConfig(temperature=0.3, top_k=5), [2, 0], seed=9)
+    assert body["prompt"] == [1, 2] and body["max_tokens"] == 7 and body["top_k"] == 5 and body["seed"] == 9
+    assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and body["logprobs"] == 0
+    # a server without return_token_ids: ids come from the "token_id:N" logprob tokens
+    choice = {"logprobs": {"tokens": ["token_id:7", "token_id:2"], "token_logprobs": [-1.0, -2.0]}}
+    g = parse_choice(choice, [2])
+    assert g.token_ids == [7, 2] and g.finished and g.log_probs == [-1.0, -2.0]
+    with pytest.raises(ServerResponseError, match="token_id"):
+        parse_choice({"logprobs": {"tokens": ["abc"], "token_logprobs": [-1.0]}}, [2])
+    with pytest.raises(ServerResponseError, match="logprobs"):
+        parse_choice({"text": "x", "logprobs": None}, [2])
+
+
+# -- a real `compactrl serve` process ---------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_cli_server_agreement_then_killed_server_is_a_clear_error(tokenizer):
+    proc, url = start_server("--tiny", "qwen3_moe", "--seed", "0")
+    try:
+        local = TransformersPolicy(tiny_moe("qwen3_moe", seed=0), tokenizer)  # same seed: same weights
+        prompts = random_prompts(6, lo=5, hi=50, seed=31)
+        client = OpenAICompletionsPolicy(url, "tiny-qwen3_moe", tokenizer=tokenizer, max_new_tokens=8,
+                                         retries=2, backoff=0.1, timeout=60)
+        assert client.models() == ["tiny-qwen3_moe"]
+        out = client.act([PolicyRequest(messages=[], prompt_token_ids=p) for p in prompts])
+        diff = max_diff_vs_log_prob(local, prompts, out)
+        print(f"compactrl serve process + client: max |sample log-prob - log_prob| = {diff:.2e}")
+        assert diff < FP32_TOL
+        # kill -9 in the middle of a long generation: the waiting request fails, it does not hang
+        errors: list[BaseException] = []
+
+        def long_request():
+            try:
+                client.complete(prompts[0], 4000)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors.append(exc)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        t.join(timeout=30)
+        assert not t.is_alive() and errors and isinstance(errors[0], ServerUnavailableError), errors
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailableError, match="could not reach"):
+            client.act([PolicyRequest(messages=[], prompt_token_ids=prompts[1])])
+        assert time.monotonic() - start < 10
+        client.close()
+    finally:
+        stop_server(proc)
