@@ -1,0 +1,102 @@
+"""An in-process bash emulator over an in-memory file system (the sim backend's ``shell`` tool).
+
+Nothing is ever executed: commands are Python re-implementations of a documented subset of bash
+and GNU coreutils/grep/sed/findutils/awk, checked against real bash by property-based tests
+(``tests/terminal/test_shell_agreement.py``, ``benchmarks/shell_agreement.py``). The reference is
+bash 5.2 with GNU coreutils 9.1, grep 3.8, sed 4.9, findutils 4.9, mawk 1.3.4 under
+``LC_ALL=C.UTF-8``; docs/terminal.md lists the subset and every known disagreement class.
+
+>>> files = {"logs/a.log": "ERROR x\\nok\\n", "logs/b.log": "ERROR y\\n"}
+>>> sh = ShellEmulator(files)
+>>> sh.run("grep -c ERROR logs/*.log | sort").output
+'logs/a.log:1\\nlogs/b.log:1\\n'
+>>> sh.run("cat logs/*.log | grep ERROR > errors.txt && wc -l < errors.txt").output
+'2\\n'
+>>> files["errors.txt"]
+'ERROR x\\nERROR y\\n'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compactrl.envs.sandbox.base import ExecResult
+from compactrl.envs.shell_sim.awk import AWK
+from compactrl.envs.shell_sim.builtins import BUILTINS
+from compactrl.envs.shell_sim.coreutils import COREUTILS
+from compactrl.envs.shell_sim.fs import VirtualFS
+from compactrl.envs.shell_sim.grep import GREP
+from compactrl.envs.shell_sim.listing import LISTING
+from compactrl.envs.shell_sim.sed import SED
+from compactrl.envs.shell_sim.shell import Shell
+from compactrl.envs.shell_sim.sort import cmd_sort
+
+COMMANDS = {**BUILTINS, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cmd_sort}
+"""Every command the emulator knows; anything else is ``command not found`` (exit 127)."""
+
+SUPPORTED_COMMANDS = tuple(sorted(COMMANDS))
+
+DEFAULT_ROOT = "/work"
+
+
+@dataclass(frozen=True)
+class ShellRun:
+    """One command line's result with the streams kept apart (``ExecResult`` merges them)."""
+
+    stdout: str
+    stderr: str
+    output: str
+    exit_code: int
+    truncated: bool
+
+
+class ShellEmulator:
+    """A bash session over ``files`` (work-dir-relative path -> text), which it edits in place.
+
+    ``root`` is the work dir's absolute path (what ``pwd`` prints); ``env`` seeds the variables
+    (``HOME`` defaults to ``root``); ``line_numbers`` prefixes shell errors with ``line N:`` as
+    ``bash -c`` does; ``max_output_chars`` caps what one command line returns. State (current
+    directory, variables, empty directories) persists across :meth:`run` calls.
+    """
+
+    def __init__(self, files: dict[str, str] | None = None, *, root: str = DEFAULT_ROOT,
+                 env: dict[str, str] | None = None, line_numbers: bool = True,
+                 max_output_chars: int = 1 << 20, max_file_chars: int = 1 << 24) -> None:
+        if not root.startswith("/"):
+            raise ValueError(f"root must be an absolute path, got {root!r}")
+        self.files = files if files is not None else {}
+        self.fs = VirtualFS(self.files, root)
+        variables = {"HOME": root, "PWD": root, "LC_ALL": "C.UTF-8"}
+        variables.update(env or {})
+        self.shell = Shell(self.fs, COMMANDS, variables, line_numbers=line_numbers,
+                           output_limit=max_output_chars, file_limit=max_file_chars)
+
+    @property
+    def cwd(self) -> str:
+        """Current directory relative to the work dir ("" is the work dir)."""
+        return self.shell.cwd
+
+    def run_detailed(self, command: str) -> ShellRun:
+        self.fs.invalidate()  # the caller may have edited ``files`` between runs
+        code = self.shell.run(command)
+        chunks = self.shell.term.chunks
+        return ShellRun(
+            stdout="".join(t for fd, t in chunks if fd == 1),
+            stderr="".join(t for fd, t in chunks if fd == 2),
+            output="".join(t for _, t in chunks),
+            exit_code=code,
+            truncated=self.shell.term.truncated,
+        )
+
+    def run(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Run one command line; ``output`` is stdout and stderr interleaved in write order."""
+        r = self.run_detailed(command)
+        return ExecResult(output=r.output, exit_code=r.exit_code, truncated=r.truncated)
+
+
+def run_command(files: dict[str, str], command: str, **kwargs) -> ExecResult:
+    """One-shot helper: a fresh :class:`ShellEmulator` over ``files`` runs ``command``."""
+    return ShellEmulator(files, **kwargs).run(command)
+
+
+__all__ = ["COMMANDS", "DEFAULT_ROOT", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "run_command"]

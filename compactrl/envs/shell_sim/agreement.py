@@ -1,0 +1,351 @@
+"""Random command lines over random file trees, run in the emulator and in real bash, compared.
+
+Used by ``tests/terminal/test_shell_agreement.py`` (property-based, via hypothesis' ``randoms``)
+and ``benchmarks/shell_agreement.py`` (the measured agreement rate). Real bash runs in a fresh
+temporary directory with ``LC_ALL=C.UTF-8``, ``HOME`` set to that directory, stdin from
+``/dev/null`` and a timeout; the emulator gets the same files and the same root path.
+
+Commands whose real output order depends on the file system's directory order (``find``,
+``grep -r``, ``awk``'s ``for (k in a)``) are always piped through ``sort`` by the generator:
+docs/terminal.md lists that as a disagreement class of the unsorted forms.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from compactrl.envs.shell_sim import ShellEmulator
+
+WORDS = ["alpha", "beta", "gamma", "delta", "ERROR", "WARN", "INFO", "error", "disk", "cpu", "user",
+         "x", "y", "foo", "bar", "baz", "42", "7", "100", "3.5", "-2", "0", "key", "value", "Alpha", "é"]
+DIRS = ["logs", "data", "conf", "src", "logs/old", "data/raw"]
+NAMES = ["a.txt", "b.log", "c.csv", "notes", "app.log", "x.conf", "readme.md", "z-1.txt", "B.txt"]
+
+
+@dataclass
+class Case:
+    files: dict[str, str]
+    dirs: list[str]
+    command: str
+
+
+@dataclass
+class Outcome:
+    stdout: str
+    stderr: str
+    exit_code: int
+    files: dict[str, str]
+    dirs: set[str]
+
+
+# ===================================================================== random trees
+def _line(rng: random.Random) -> str:
+    kind = rng.randrange(6)
+    if kind == 0:
+        return f"2024-01-{rng.randint(1, 28):02d} {rng.choice(['ERROR', 'WARN', 'INFO'])} " \
+               f"{rng.choice(['disk', 'cpu', 'net'])}: code={rng.randint(0, 300)}"
+    if kind == 1:
+        return ",".join(str(rng.choice(WORDS[:10] + [str(rng.randint(-5, 200))])) for _ in range(rng.randint(2, 4)))
+    if kind == 2:
+        return f"{rng.choice(['key', 'port', 'host', 'mode'])}={rng.choice(WORDS)}"
+    if kind == 3:
+        return ""
+    if kind == 4:
+        sep = rng.choice([" ", "  ", "\t", " "])
+        return sep.join(rng.choice(WORDS) for _ in range(rng.randint(1, 5)))
+    return f"{rng.randint(0, 999)} {rng.choice(WORDS)}"
+
+
+def random_tree(rng: random.Random) -> tuple[dict[str, str], list[str]]:
+    dirs = sorted(set(rng.sample(DIRS, rng.randint(0, 4))))
+    dirs = sorted({d for d in dirs} | {d.rsplit("/", 1)[0] for d in dirs if "/" in d})
+    files: dict[str, str] = {}
+    for _ in range(rng.randint(1, 6)):
+        parent = rng.choice([""] + dirs)
+        name = rng.choice(NAMES)
+        path = f"{parent}/{name}" if parent else name
+        if path in dirs:
+            continue
+        lines = [_line(rng) for _ in range(rng.randint(0, 12))]
+        text = "\n".join(lines)
+        if lines and rng.random() < 0.85:
+            text += "\n"
+        files[path] = text
+    empty = [d for d in dirs if not any(f.startswith(d + "/") for f in files)]
+    return files, empty
+
+
+# ===================================================================== random commands
+class CommandGen:
+    """Draws command lines from the documented subset, aimed at the given tree."""
+
+    def __init__(self, rng: random.Random, files: dict[str, str], dirs: list[str]) -> None:
+        self.rng = rng
+        self.files = sorted(files)
+        self.dirs = sorted(set(dirs) | {f.rsplit("/", 1)[0] for f in files if "/" in f})
+        self.words = sorted({w for text in files.values() for w in text.split() if w.isascii()} | {"ERROR", "x"})
+
+    def file(self, missing_p: float = 0.08) -> str:
+        if not self.files or self.rng.random() < missing_p:
+            return self.rng.choice(["missing.txt", "nodir/x", "logs/none.log"])
+        return self.q(self.rng.choice(self.files))
+
+    def q(self, text: str) -> str:
+        return shlex.quote(text)
+
+    def word(self) -> str:
+        return self.rng.choice(self.words)
+
+    def pattern(self, extended: bool = False) -> str:
+        w = self.word()
+        r = self.rng.random()
+        if r < 0.4:
+            return self.q(w[: self.rng.randint(1, len(w))])
+        if r < 0.55:
+            return self.q("^" + w)
+        if r < 0.65:
+            return self.q(w + "$")
+        if r < 0.8:
+            return self.q(self.rng.choice(["[0-9]", "[A-Z]", "[a-z]+" if extended else "[a-z]*", "[[:digit:]]",
+                                           "[^ ]*=", "e.r", ".*"]))
+        if extended:
+            return self.q(self.rng.choice(["(ERROR|WARN)", "[0-9]{2,}", "^[a-z]+=", "o+", "a|b"]))
+        return self.q(self.rng.choice(["ERROR\\|WARN", "[0-9]\\{2,\\}", "^[a-z]*=", "o\\+"]))
+
+    def source(self) -> str:
+        """A command that produces output from files."""
+        g = self.rng.choice([self.cat, self.grep, self.head_tail, self.sort, self.cut, self.sed, self.awk,
+                             self.wc, self.find, self.ls, self.echo, self.printf, self.seq, self.grep_r])
+        return g()
+
+    def filt(self) -> str:
+        """A command that reads stdin."""
+        r = self.rng.randrange(12)
+        table = {
+            0: ["grep " + o + self.pattern() for o in ["", "-v ", "-i ", "-c ", "-n ", "-o ", "-E "]],
+            1: ["sort " + o for o in ["", "-r", "-n", "-u", "-nr", "-k2", "-k2,2n", "-t, -k2", "-f", "-k1,1 -s"]],
+            2: ["uniq " + o for o in ["", "-c", "-d", "-u", "-i"]],
+            3: ["head " + o for o in ["-n 3", "-1", "-n -2", "-c 10", ""]],
+            4: ["tail " + o for o in ["-n 2", "-1", "-n +3", "-c 5", ""]],
+            5: ["wc " + o for o in ["-l", "-w", "-c", "", "-m", "-lw"]],
+            6: ["cut " + o for o in ["-d, -f1", "-d, -f2-", "-c1-5", "-f1", "-d= -f2", '-d" " -f1,3', "-b2-"]],
+            7: ["tr " + o for o in ["a-z A-Z", "-d 0-9", '-s " "', "'[:lower:]' '[:upper:]'", "-cd 'a-z\\n'",
+                                    ', " "']],
+            8: ["sed " + o for o in ["s/a/A/", "s/[0-9]/N/g", "-n 2p", "1d", "'s/=.*//'", "-E 's/(x|y)/<\\1>/g'",
+                                     "'$d'", "/ERROR/d"]],
+            9: ["awk " + o for o in self.awk_programs()],
+            10: ["cat", "cat -n", "cat -"],
+            11: ["sort | uniq -c | sort -rn"],
+        }
+        return self.rng.choice(table[r])
+
+    def awk_programs(self) -> list[str]:
+        return ["'{print $1}'", "'{print NF}'", "'{s+=$1} END{print s+0}'", "'NR%2==1'", "'{print NR\": \"$0}'",
+                "-F, '{print $2}'", "'length($0) > 10'", "'{print $NF}'", "'$1 ~ /^[0-9]+$/ {n++} END{print n+0}'",
+                "'{printf \"%-5s|%3d\\n\", $1, NR}'", "-F= '{print $1}'", "'{ $2 = \"X\"; print }'",
+                "'BEGIN{OFS=\"-\"} {$1=$1; print}'", "'{print toupper($1), length($1)}'",
+                "'{c[$1]++} END{for (k in c) print k, c[k]}' | sort", "'/ERROR/ {print $2}'",
+                "'{x = substr($0, 2, 3); print x}'", "'NF > 2 {print $3 * 2}'", "'{print $1 + 0.5}'"]
+
+    def cat(self) -> str:
+        return f"cat {' '.join(self.file() for _ in range(self.rng.randint(1, 2)))}"
+
+    def grep(self) -> str:
+        ext = self.rng.random() < 0.3
+        opts = self.rng.choice(["", "-v ", "-i ", "-c ", "-n ", "-l ", "-h ", "-w ", "-x ", "-o ", "-in ", "-L ",
+                                "-A1 ", "-B1 ", "-m2 ", "-q ", "-s ", "-F "])
+        files = " ".join(self.file() for _ in range(self.rng.randint(1, 3)))
+        return f"grep {'-E ' if ext else ''}{opts}{self.pattern(ext)} {files}"
+
+    def grep_r(self) -> str:
+        target = self.rng.choice(["."] + self.dirs) if self.dirs else "."
+        opts = self.rng.choice(["-r", "-rl", "-rc", "-rn", "-rh", "-ri"])
+        inc = self.rng.choice(["", " --include='*.log'"])
+        return f"grep {opts}{inc} {self.pattern()} {target} | sort"
+
+    def head_tail(self) -> str:
+        cmd = self.rng.choice(["head", "tail"])
+        opt = self.rng.choice(["", "-n 2 ", "-3 ", "-c 7 ", "-n +2 " if cmd == "tail" else "-n -2 ", "-q ", "-v "])
+        files = " ".join(self.file() for _ in range(self.rng.randint(1, 2)))
+        return f"{cmd} {opt}{files}"
+
+    def sort(self) -> str:
+        opts = self.rng.choice(["", "-r ", "-n ", "-u ", "-k2 ", "-k2n ", "-t, -k2,2 ", "-f ", "-b ", "-rn ",
+                                "-k1.2 ", "-s -k2,2 ", "-t= -k2 "])
+        return f"sort {opts}{self.file()}"
+
+    def cut(self) -> str:
+        spec = self.rng.choice(["-d, -f1", "-d, -f1,3", "-d= -f2", "-c1-3", "-f2", "-d' ' -f2-", "-s -d, -f2",
+                                "-d, --complement -f1", "-b3"])
+        return f"cut {spec} {self.file()}"
+
+    def sed(self) -> str:
+        script = self.rng.choice(["s/e/E/", "s/[0-9][0-9]*/#/g", "-n '/=/p'", "2,4d", "'s/^/> /'", "-n '$p'",
+                                  "'s/\\(.*\\)=\\(.*\\)/\\2=\\1/'", "-E 's/([a-z]+)/[\\1]/2'", "'/^$/d'", "=",
+                                  "'1~2d'", "-n '2{p;p}'", "'y/abc/ABC/'", "'2q'", "'s/a/b/w out.txt'",
+                                  "'$a\\\nEND'", "'1i\\\nSTART'", "-e 's/x/y/' -e 's/y/z/'", "'/ERROR/,/INFO/d'"])
+        return f"sed {script} {self.file()}"
+
+    def awk(self) -> str:
+        return f"awk {self.rng.choice(self.awk_programs())} {self.file()}"
+
+    def wc(self) -> str:
+        opts = self.rng.choice(["", "-l ", "-w ", "-c ", "-lc ", "-m "])
+        files = " ".join(self.file() for _ in range(self.rng.randint(1, 3)))
+        return f"wc {opts}{files}"
+
+    def find(self) -> str:
+        start = self.rng.choice(["."] + self.dirs + ["nodir"])
+        expr = self.rng.choice(["", "-type f", "-type d", "-name '*.log'", "-name '*.txt' -o -name '*.csv'",
+                                "-maxdepth 1", "-maxdepth 1 -type f", "-iname 'B*'", "-path '*/old/*'", "-empty",
+                                "! -name '*.log' -type f", "-mindepth 2"])
+        return f"find {start} {expr} | sort"
+
+    def ls(self) -> str:
+        opts = self.rng.choice(["", "-1 ", "-a ", "-A ", "-R ", "-r ", "-F ", "-d ", "-p "])
+        target = self.rng.choice(["", "."] + self.dirs + ["missing"] + self.files[:2])
+        return f"ls {opts}{self.q(target) if target else ''}".rstrip()
+
+    def echo(self) -> str:
+        text = " ".join(self.word() for _ in range(self.rng.randint(0, 3)))
+        return self.rng.choice([f"echo {text}", f"echo -n {text}", f"echo \"{text}  x\"", f"echo -e 'a\\tb {text}'"])
+
+    def printf(self) -> str:
+        return self.rng.choice([f"printf '%s\\n' {self.word()} {self.word()}", "printf '%d-%05.1f\\n' 3 2.25",
+                                f"printf '%5s|%-4s|\\n' {self.word()} ab", "printf 'no newline'"])
+
+    def seq(self) -> str:
+        return self.rng.choice(["seq 3", "seq 2 5", "seq 1 3 10", "seq -s, 4", "seq -w 8 11", "seq 5 -1 2"])
+
+    def mutate(self) -> str:
+        """A command that changes the file tree."""
+        r = self.rng.randrange(9)
+        f = self.file(0.15)
+        if r == 0:
+            return f"mkdir {self.rng.choice(['-p ', ''])}{self.rng.choice(['new', 'logs', 'new/sub', 'a.txt/x'])}"
+        if r == 1:
+            return f"rm {self.rng.choice(['', '-f ', '-r ', '-rf '])}{self.rng.choice([f] + self.dirs[:1] + ['nope'])}"
+        if r == 2:
+            return f"cp {self.rng.choice(['', '-r '])}{f} {self.rng.choice(['copy.txt', 'logs', 'new/x', f])}"
+        if r == 3:
+            return f"mv {f} {self.rng.choice(['moved.txt', 'data', 'nodir/x', f])}"
+        if r == 4:
+            return f"touch {self.rng.choice(['t.txt', f, 'nodir/t'])}"
+        if r == 5:
+            return f"sed -i {self.rng.choice(['s/a/A/g', '1d', 's/=.*/=X/', '/^$/d'])} {f}"
+        if r == 6:
+            return f"echo {self.word()} {self.rng.choice(['>', '>>'])} {self.rng.choice(['out.txt', f, 'nodir/o'])}"
+        if r == 7:
+            return f"rmdir {self.rng.choice(self.dirs + ['nope'])}" if self.dirs else "rmdir nope"
+        return f"{self.source()} | {self.filt()} > res.txt; cat res.txt"
+
+    def simple(self) -> str:
+        r = self.rng.random()
+        if r < 0.45:
+            base = self.source()
+        elif r < 0.75:
+            base = f"{self.source()} | {self.filt()}"
+            if self.rng.random() < 0.3:
+                base += f" | {self.filt()}"
+        elif r < 0.9:
+            base = self.mutate()
+        else:
+            base = self.rng.choice([f"{self.filt()} < {self.file()}", f"cd {self.rng.choice(self.dirs + ['nodir'])} && ls",
+                                    f"test -f {self.file()} && echo yes || echo no", f"[ -d {self.rng.choice(self.dirs + ['x'])} ]",
+                                    "pwd", "true", "false", "unknowncmd arg", "echo $?", "X=5; echo $X ${X}y \"$X\"",
+                                    f"{self.source()} 2>/dev/null | head -2", f"{self.source()} 2>&1 | {self.filt()}"])
+        return base
+
+    def command(self) -> str:
+        first = self.simple()
+        if self.rng.random() < 0.3:
+            op = self.rng.choice([" && ", " || ", "; ", "\n"])
+            return first + op + self.simple()
+        return first
+
+
+def random_case(rng: random.Random) -> Case:
+    files, dirs = random_tree(rng)
+    return Case(files, dirs, CommandGen(rng, files, dirs).command())
+
+
+# ===================================================================== running both sides
+def _snapshot(root: str) -> tuple[dict[str, str], set[str]]:
+    files: dict[str, str] = {}
+    dirs: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for d in dirnames:
+            dirs.add(os.path.normpath(os.path.join(rel, d)))
+        for f in filenames:
+            path = os.path.normpath(os.path.join(rel, f))
+            with open(os.path.join(dirpath, f), "rb") as fh:
+                files[path] = fh.read().decode("utf-8", "replace")
+    return files, dirs
+
+
+def _sim_dirs(sh: ShellEmulator) -> set[str]:
+    dirs = set(sh.fs.dirs)
+    for path in list(sh.files) + list(sh.fs.dirs):
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        while parent:
+            dirs.add(parent)
+            parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
+    return {d for d in dirs if d}
+
+
+def run_real(case: Case, timeout_s: float = 10.0) -> tuple[Outcome, str]:
+    with tempfile.TemporaryDirectory(prefix="shellagree-") as root:
+        root = os.path.realpath(root)
+        for d in case.dirs:
+            os.makedirs(os.path.join(root, d), exist_ok=True)
+        for path, text in case.files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": root}
+        proc = subprocess.run(["bash", "-c", case.command], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout_s)
+        files, dirs = _snapshot(root)
+        return Outcome(proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"),
+                       proc.returncode, files, dirs), root
+
+
+def run_sim(case: Case, root: str) -> Outcome:
+    files = dict(case.files)
+    sh = ShellEmulator(files, root=root, env={"HOME": root})
+    sh.fs.dirs.update(case.dirs)
+    r = sh.run_detailed(case.command)
+    return Outcome(r.stdout, r.stderr, r.exit_code, dict(files), _sim_dirs(sh))
+
+
+def compare(real: Outcome, sim: Outcome, has_pipe: bool) -> list[str]:
+    """The aspects that differ (empty when they agree). Pipelines compare stderr as a multiset of
+    characters, since concurrent stages in real bash interleave their error messages freely."""
+    diffs = []
+    if real.stdout != sim.stdout:
+        diffs.append("stdout")
+    if has_pipe:  # concurrent stages may even interleave inside a line: compare the characters
+        if sorted(real.stderr) != sorted(sim.stderr):
+            diffs.append("stderr")
+    elif real.stderr != sim.stderr:
+        diffs.append("stderr")
+    if real.exit_code != sim.exit_code:
+        diffs.append("exit_code")
+    if real.files != sim.files:
+        diffs.append("files")
+    if real.dirs != sim.dirs:
+        diffs.append("dirs")
+    return diffs
+
+
+def check_case(case: Case) -> tuple[list[str], Outcome, Outcome]:
+    """Run one case on both sides; returns (differing aspects, real outcome, sim outcome)."""
+    real, root = run_real(case)
+    sim = run_sim(case, root)
+    return compare(real, sim, "|" in case.command), real, sim
