@@ -18,6 +18,8 @@ bash 5.2 with GNU coreutils 9.1, grep 3.8, sed 4.9, findutils 4.9, mawk 1.3.4 un
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from compactrl.envs.sandbox.base import ExecResult
@@ -36,7 +38,8 @@ COMMANDS = {**BUILTINS, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cm
 
 SUPPORTED_COMMANDS = tuple(sorted(COMMANDS))
 
-DEFAULT_ROOT = "/work"
+DEFAULT_ROOT = "/workspace"
+"""The work dir's absolute path, as the local and docker sandboxes mount it by default."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ class ShellEmulator:
 
     ``root`` is the work dir's absolute path (what ``pwd`` prints); ``env`` seeds the variables
     (``HOME`` defaults to ``root``); ``line_numbers`` prefixes shell errors with ``line N:`` as
-    ``bash -c`` does; ``max_output_chars`` caps what one command line returns. State (current
-    directory, variables, empty directories) persists across :meth:`run` calls.
+    ``bash -c`` does; ``max_output_chars`` caps what one command line returns. Like the real
+    sandboxes (each command is a fresh ``bash -c`` that inherits the previous one's state), the
+    current directory, exported variables and empty directories persist across :meth:`run`
+    calls; plain shell variables do not.
     """
 
     def __init__(self, files: dict[str, str] | None = None, *, root: str = DEFAULT_ROOT,
@@ -99,4 +104,29 @@ def run_command(files: dict[str, str], command: str, **kwargs) -> ExecResult:
     return ShellEmulator(files, **kwargs).run(command)
 
 
-__all__ = ["COMMANDS", "DEFAULT_ROOT", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "run_command"]
+_SESSIONS: OrderedDict[int, ShellEmulator] = OrderedDict()
+_SESSIONS_LOCK = threading.Lock()
+MAX_SESSIONS = 4096
+
+
+def execute(files: dict[str, str], command: str, *, timeout_s: float | None = None) -> ExecResult:
+    """The sim sandbox's ``exec``: run ``command`` in the session that owns ``files``.
+
+    A session (current directory, exported variables, empty directories) lives as long as the
+    sandbox keeps the same ``files`` dict, like the real backends' per-episode shell. Sessions are
+    found by the dict's identity and the oldest are dropped beyond :data:`MAX_SESSIONS`.
+    """
+    key = id(files)
+    with _SESSIONS_LOCK:
+        sh = _SESSIONS.get(key)
+        if sh is None or sh.files is not files:
+            sh = ShellEmulator(files)
+            _SESSIONS[key] = sh
+        _SESSIONS.move_to_end(key)
+        while len(_SESSIONS) > MAX_SESSIONS:
+            _SESSIONS.popitem(last=False)
+    return sh.run(command, timeout_s=timeout_s)
+
+
+__all__ = ["COMMANDS", "DEFAULT_ROOT", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "execute",
+           "run_command"]

@@ -47,6 +47,7 @@ def cmd_cd(sh: Shell, args: list[str], io: IO) -> int:
     sh.vars["OLDPWD"] = sh.pwd()
     sh.cwd = r.rel
     sh.vars["PWD"] = sh.pwd()
+    sh.exported.update(("OLDPWD", "PWD"))
     if print_dir:
         io.out.write(sh.pwd() + "\n")
     return 0
@@ -72,12 +73,14 @@ def cmd_export(sh: Shell, args: list[str], io: IO) -> int:
             return 1
         if eq:
             sh.vars[name] = value
+        sh.exported.add(name)
     return 0
 
 
 def cmd_unset(sh: Shell, args: list[str], io: IO) -> int:
     for a in args:
         sh.vars.pop(a, None)
+        sh.exported.discard(a)
     return 0
 
 

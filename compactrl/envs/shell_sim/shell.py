@@ -137,6 +137,7 @@ class Shell:
         self.fs = fs
         self.commands = commands
         self.vars: dict[str, str] = dict(env)
+        self.exported: set[str] = set(env)
         self.cwd = ""
         self.status = 0
         self.line = 1
@@ -159,6 +160,9 @@ class Shell:
     # ----------------------------------------------------------------- entry point
     def run(self, src: str) -> int:
         self.term = Terminal(self.output_limit)
+        # each command line is a fresh `bash -c`: only exported variables carry over
+        self.vars = {k: v for k, v in self.vars.items() if k in self.exported}
+        self.status = 0
         out, err = TerminalSink(self.term, 1), TerminalSink(self.term, 2)
         result, warnings = parse(src)
         try:
