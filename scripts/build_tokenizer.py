@@ -41,8 +41,8 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "compactrl" / "data" / "tokenizer"
-GENERATED_TASKS = 600  # tasks drawn from the CompactCode generator (per split it offers)
-BUILTIN_DOCS = 6000
+GENERATED_TASKS = (("easy", 150), ("default", 40), ("hard", 8))  # train-split tasks per difficulty
+BUILTIN_DOCS = 3000
 
 log = logging.getLogger("build_tokenizer")
 
@@ -212,17 +212,36 @@ def builtin_corpus(seed: int = 0, n_docs: int = BUILTIN_DOCS) -> Iterator[str]:
         yield "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in turns)
 
 
-def generated_corpus(n_tasks: int = GENERATED_TASKS) -> Iterator[str]:
-    """Instructions and files of generated CompactCode tasks, when the generator is available."""
+def generated_corpus(seed: int = 0) -> Iterator[str]:
+    """Generated CompactCode tasks (train split) as the agent meets them, when the generator exists.
+
+    Per task: the raw files, and a ChatML conversation with the tool descriptions, the instruction
+    and ``view`` outputs in the env's line-numbered format.
+    """
     try:
-        from compactrl.envs.generators import code as gen  # noqa: PLC0415
+        from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
+        from compactrl.envs.tools import TOOL_NAMES, describe_tools
     except ImportError:
         log.warning("compactrl.envs.generators.code not importable: using the built-in corpus only")
         return
-    for task in gen.corpus_tasks(n_tasks) if hasattr(gen, "corpus_tasks") else ():
-        yield task.instruction
-        for path in sorted(task.files):
-            yield f"{path}\n{task.files[path]}"
+    rng = random.Random(seed)
+    system = describe_tools(TOOL_NAMES)
+    for difficulty, count in GENERATED_TASKS:
+        gen = CodeTaskGenerator(difficulty)
+        for i in range(count):
+            task = gen.generate(task_seed_for("train", i))
+            listing = "\n".join(f"{p} ({len(t.splitlines())} lines)" for p, t in sorted(task.files.items()))
+            turns = [("system", system), ("user", f"{task.instruction}\n\nFiles in the work dir:\n{listing}")]
+            for path in sorted(task.files):
+                text = task.files[path]
+                yield text
+                lines = text.splitlines() or [""]
+                a = rng.randint(1, len(lines))
+                b = min(len(lines), a + rng.randint(10, 60))
+                body = "\n".join(f"{j:>4}\t{lines[j - 1]}" for j in range(a, b + 1))
+                turns += [("assistant", f"<tool>view {path} {a} {b}</tool>"),
+                          ("tool", f"{path} (lines {a}-{b} of {len(lines)})\n{body}")]
+            yield "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in turns)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +283,7 @@ def train(texts: list[str]):
 
 def build(out: Path, seed: int = 0) -> list[Path]:
     """Train on the corpus and write the tokenizer files to ``out`` atomically (temp dir, rename)."""
-    texts = list(generated_corpus()) + list(builtin_corpus(seed))
+    texts = list(generated_corpus(seed)) + list(builtin_corpus(seed))
     hf = train(texts)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
