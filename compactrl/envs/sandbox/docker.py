@@ -43,13 +43,15 @@ log = logging.getLogger(__name__)
 LABEL = "compactrl.sandbox"
 """Label on every container this backend creates; ``compactrl.owner`` holds ``host:pid``."""
 DEFAULT_IMAGE = "compactrl-sandbox:latest"
+_GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink in the engines' stat header
 _ENV = {"LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
-# The driver of one command (argv: $0 = marker, $1 = timeout, $2 = command): run it under
-# timeout in an empty environment that ENV_FILE restores, kill what it left, report the code.
+# The driver of one command (argv: $1 = timeout, $2 = command, $3 = end marker): run it under
+# timeout in an empty environment that ENV_FILE restores, kill what it left, report the code. The
+# driver's own stderr (job notices such as "Killed") is dropped; the command's goes to stdout.
 _DRIVER = (
-    f'timeout -s KILL "$1" env -i BASH_ENV={_shell.ENV_FILE_PATH} bash --noprofile --norc -c "$2"'
-    f" </dev/null 2>&1; __crl_rc=$?; {_shell.KILL_LEFTOVERS}; printf '%s%d\\n' \"$0\" \"$__crl_rc\""
+    f'exec 2>/dev/null; timeout -s KILL "$1" env -i BASH_ENV={_shell.ENV_FILE_PATH} bash --noprofile --norc'
+    f' -c "$2" </dev/null 2>&1; __crl_rc=$?; {_shell.KILL_LEFTOVERS}; printf \'%s%d\\n\' "$3" "$__crl_rc"'
 )
 # PID 1 of the container: idles, and reaps the orphans that killed commands leave (a bare
 # `sleep infinity` would collect zombies until the pids limit is reached).
@@ -376,8 +378,8 @@ class DockerSandbox:
         self._cache.clear()  # the command may change any file
         self._listing = None
         marker = _shell.new_marker()
-        argv = ["bash", "--noprofile", "--norc", "-c", _DRIVER, marker, f"{timeout_s:.3f}",
-                command.replace("\x00", "")]
+        argv = ["bash", "--noprofile", "--norc", "-c", _DRIVER, "bash", f"{timeout_s:.3f}",
+                command.replace("\x00", ""), marker]
         out = _shell.CappedOutput(limit)
         scanner = _shell.MarkerScanner(marker.encode(), out)
         started = time.monotonic()
@@ -401,12 +403,12 @@ class DockerSandbox:
         return posixpath.join(self._workdir, rel) if rel else self._workdir
 
     def _get(self, rel: str, depth: int = 0) -> bytes:
-        """Bytes of work-dir file ``rel``, following symlinks that stay inside the work dir."""
+        """Bytes of work-dir file ``rel``, following symlinks only while they stay in the work dir."""
         import docker
 
-        api = self._api()
+        api, path = self._api(), self._abs(rel)
         try:
-            stream, _stat = api.get_archive(self.container_id, self._abs(rel))
+            stream, stat = api.get_archive(self.container_id, path)
             raw = b"".join(self._iterate(stream))
         except docker.errors.NotFound:
             raise FileNotFoundError(f"no such file: {rel}") from None
@@ -414,6 +416,13 @@ class DockerSandbox:
             if "not a directory" in str(e).lower():
                 raise FileNotFoundError(f"no such file: {rel}") from None
             raise self._infra_error(e) from e
+        # Podman follows links and reports the resolved path in linkTarget; Docker Engine returns
+        # the link itself (its raw target in linkTarget and a symlink tar member).
+        target, resolved = stat.get("linkTarget") or "", path
+        if stat.get("mode", 0) & _GO_MODE_SYMLINK or (target and target != path):
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+            if not (resolved + "/").startswith(self._workdir + "/") or depth >= 16:
+                raise PermissionError(f"{rel!r} leads outside the work dir")
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
             member = tar.next()
             if member is None:
@@ -421,17 +430,10 @@ class DockerSandbox:
             if member.isdir():
                 raise IsADirectoryError(f"{rel} is a directory")
             if member.issym():
-                return self._follow(rel, member.linkname, depth)
+                return self._get(posixpath.relpath(resolved, self._workdir), depth + 1)
             if not member.isreg():
                 raise PermissionError(f"{rel} is not a regular file")
             return tar.extractfile(member).read()
-
-    def _follow(self, rel: str, target: str, depth: int) -> bytes:
-        # Same rule as the local backend's RESOLVE_BENEATH: relative links inside the work dir only.
-        joined = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-        if target.startswith("/") or joined == ".." or joined.startswith("../") or depth >= 16:
-            raise PermissionError(f"{rel!r} leads outside the work dir")
-        return self._get(joined, depth + 1)
 
     def read_file(self, path: str) -> str:
         rel = work_rel(path)
