@@ -129,10 +129,7 @@ class ToolEnv(gym.Env[str, str]):
     # -- prompts ---------------------------------------------------------------------------------
     @property
     def system_prompt(self) -> str:
-        return (
-            "You are an agent working in a software project's work dir. Act only through tools.\n"
-            + describe_tools(self.tools)
-        )
+        return "You work in a project's work dir through tools.\n" + describe_tools(self.tools)
 
     def task_message(self, task: Task) -> str:
         files = self._sandbox.list_files() if self._sandbox else sorted(task.files)
@@ -373,10 +370,7 @@ class CodeRepoEnv(ToolEnv):
 
     @property
     def system_prompt(self) -> str:
-        return (
-            "You fix bugs in a Python repository. Read the files you need, edit the code, run the tests,\n"
-            "and submit when they pass. Act only through tools.\n\n" + describe_tools(self.tools)
-        )
+        return "Fix the Python repository in the work dir so its tests pass, then submit.\n" + describe_tools(self.tools)
 
 
 def make_code_env(**kwargs: Any) -> gym.Env:

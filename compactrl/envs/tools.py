@@ -219,25 +219,21 @@ def normalize_path(path: str) -> str:
 
 
 _DESCRIPTIONS = {
-    "view": "<tool>view PATH [START END]</tool>\n  Show a file with numbered lines (START/END: 1-based, inclusive);"
-    " a long file is shown in pieces. A directory lists its files.",
-    "search": "<tool>search PATTERN [PATH]</tool>\n  Fixed-string, case-sensitive search in all files (or under PATH);"
-    ' prints path:line:text. Quote a pattern with spaces: search "two words".',
-    "replace": "<tool>replace PATH\n<old>\nexact old text\n</old>\n<new>\nnew text\n</new>\n</tool>\n"
-    "  Replace text that occurs exactly once in the file.",
-    "create": "<tool>create PATH\n<content>\nfile contents\n</content>\n</tool>\n  Create or overwrite a file.",
-    "test": "<tool>test</tool>\n  Run the tests; reports PASSED/FAILED per test.",
-    "shell": "<tool>shell COMMAND</tool>\n  Run a shell command in the work dir.",
-    "submit": "<tool>submit</tool>\n  End the episode; your work is graded by the tests.",
+    "view": "<tool>view PATH [START END]</tool> show a file's numbered lines (a directory: its files)",
+    "search": '<tool>search TEXT [PATH]</tool> list lines containing TEXT (quote "two words")',
+    "replace": "<tool>replace PATH\n<old>\nexact old text\n</old>\n<new>\nnew text\n</new>\n</tool>"
+    " replace text that occurs exactly once",
+    "create": "<tool>create PATH\n<content>\ntext\n</content>\n</tool> create or overwrite a file",
+    "test": "<tool>test</tool> run the tests",
+    "shell": "<tool>shell COMMAND</tool> run a shell command",
+    "submit": "<tool>submit</tool> finish; the tests grade your work",
 }
 
 
 def describe_tools(tools: tuple[str, ...]) -> str:
-    """The tool-language part of a system prompt, for the given tools (in the given order)."""
-    rules = (
-        "Each response must contain exactly one tool call; text outside it is ignored.\n"
-        "In <old>, <new> and <content> the text between the tags is used verbatim, except that one\n"
-        "newline right after the opening tag is dropped. Paths are relative to the work dir.\n"
-        "Never put the markers <tool> or </tool> inside a payload."
-    )
-    return "Tools:\n" + "\n".join(_DESCRIPTIONS[t] for t in tools) + "\n\n" + rules
+    """The tool-language part of a system prompt, for the given tools (in the given order).
+
+    Kept short on purpose: it is in every context. ``docs/tool_language.md`` is the full reference.
+    """
+    rules = "Reply with exactly one tool call; other text is ignored. One newline after <old>, <new>, <content> is dropped."
+    return "\n".join(_DESCRIPTIONS[t] for t in tools) + "\n" + rules

@@ -152,13 +152,17 @@ def _read_output(text: str, know: _Knowledge) -> None:
         return
     path = (view or rep).group(1)
     seen = know.seen_lines.setdefault(path, {})
-    expected = int(view.group(2)) if view else None
+    numbered = []
     for line in lines[1:]:
         match = _NUMBERED.match(line)
         if not match:
-            break  # a clip marker or a note: lines after it are not contiguous
-        number = int(match.group(1))
-        seen[number] = match.group(2)
+            if "clipped" in line and numbered:
+                numbered.pop()  # the line before a clip marker may be cut short
+            break  # a clip marker or a note: what follows is not contiguous
+        numbered.append((int(match.group(1)), match.group(2)))
+    expected = int(view.group(2)) if view else None
+    for number, text in numbered:
+        seen[number] = text
         if view and number == expected and know.read.get(path, 0) >= number - 1:
             know.read[path] = number
             expected += 1
@@ -179,7 +183,7 @@ class OraclePolicy:
         chunk_lines: lines per ``view`` when reading a file.
     """
 
-    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 40) -> None:
+    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25) -> None:
         if not 0.0 <= summary_quality <= 1.0:
             raise ValueError(f"summary_quality: expected a value in [0, 1], got {summary_quality!r}")
         if chunk_lines < 1:

@@ -99,7 +99,7 @@ PRESETS: dict[str, CodeTaskConfig] = {
     "default": CodeTaskConfig(name="default"),
     "hard": CodeTaskConfig(
         name="hard", num_modules=8, num_docs=4, file_lines=(150, 300), num_facts=4,
-        fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=60,
+        fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=80,
     ),
 }
 
@@ -424,11 +424,9 @@ def _fact_metadata(fact: _Fact, files: dict[str, str]) -> dict:
 def _instruction(pkg: str, bug_file: str, facts: list[_Fact]) -> str:
     funcs = ", ".join(f"`{f.spec.func_name}`" for f in facts)
     return (
-        f"The tests of `{pkg}` fail: `{bug_file}` does not follow the project's specification.\n"
-        f"These functions give wrong results: {funcs}.\n"
-        "The constants they use must match the values stated in the configuration, the documentation "
-        "or the docstrings of other modules; beware of outdated and look-alike values.\n"
-        "Fix the code, run the tests, then submit."
+        f"Tests fail: {funcs} in `{bug_file}` give wrong results. The constants they use must match "
+        "the values stated in the config, the docs or other modules' docstrings (beware of outdated "
+        "look-alike values). Fix them."
     )
 
 
