@@ -28,7 +28,11 @@ from compactrl.types import Message, Policy, PolicyRequest
 
 log = logging.getLogger(__name__)
 
-_SKIP_INFO = {"turn", "trace_index", "prompt_token_ids", "max_new_tokens", "compaction_required", "compacted"}
+_SKIP_INFO = {"turn", "trace_index", "prompt_token_ids", "max_new_tokens", "compaction_required", "compacted",
+              "clipped_tokens"}
+# names the context-budget report uses for the wrapper's per-episode totals
+_ALIASES = {"mean_traces": "mean_num_traces", "mean_compactions": "mean_num_compactions",
+            "truncated_rate": "mean_truncated"}
 
 
 @dataclass
@@ -153,6 +157,7 @@ def aggregate(results: list[dict[str, float]]) -> dict[str, Any]:
         values = [r[key] for r in results if key in r]
         out[f"mean_{key}"] = sum(values) / len(values)
     out["success_rate"] = out.get("mean_success", 0.0)
+    out.update({alias: out[key] for alias, key in _ALIASES.items() if key in out})
     return out
 
 

@@ -63,7 +63,7 @@ class ContextBudgetConfig:
     """Tokens kept free for the next response: every response's ``max_new_tokens``."""
     tool_output_cap: int = 384
     """Maximum content tokens of one tool output; longer ones keep their head and tail around a marker."""
-    max_compactions: int = 4
+    max_compactions: int = 8
     """Summaries allowed per episode; once spent, overflowing the budget truncates the episode."""
     summary_instruction: str = DEFAULT_SUMMARY_INSTRUCTION
     """The user message that asks for a summary."""
@@ -260,6 +260,7 @@ class ContextBudget(gym.Wrapper):
             "num_compactions": self._compactions,
             "summary_tokens": self._summary_tokens,
             "context_tokens_max": self._context_max,
+            "budget_exhausted": False,
         }
         info = {**inner_info, "context_tokens": len(trace), "trace_index": self._trace_index,
                 "compaction_required": False, "compacted": False, "task_id": self._task_id,
