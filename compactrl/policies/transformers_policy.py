@@ -282,6 +282,19 @@ def budgets(requests: Sequence[PolicyRequest], prompt_lens: Sequence[int], cap: 
     return out
 
 
+def batch_chunks(lengths_desc: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Split positions of descending prompt lengths into batches within ``max_rows`` and
+    ``max_tokens`` padded tokens (rows x longest), each batch non-empty."""
+    chunks: list[list[int]] = []
+    for i in range(len(lengths_desc)):
+        last = chunks[-1] if chunks else None
+        if last and len(last) < max_rows and (len(last) + 1) * lengths_desc[last[0]] <= max_tokens:
+            last.append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
 class TransformersPolicy(nn.Module):
     """A Hugging Face causal LM as a compactrl policy (``act``) and as a trainable module (``log_prob``).
 
@@ -301,17 +314,21 @@ class TransformersPolicy(nn.Module):
         seed: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 64,
+        max_batch_tokens: int = 65536,
     ) -> None:
         super().__init__()
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.stop_token_ids = sorted(set(stop_token_ids)) if stop_token_ids else default_stop_ids(tokenizer, model)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         self.generator = torch.Generator(device=next(model.parameters()).device)
@@ -355,13 +372,17 @@ class TransformersPolicy(nn.Module):
         self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int] | int, *,
         sampling: SamplingConfig | None = None, top_logprobs: int = 0,
     ) -> list[Generated]:
-        """Continuations of token-id prompts, batched ``max_batch_size`` at a time (similar lengths together)."""
+        """Continuations of token-id prompts, batched (similar lengths together).
+
+        A batch holds at most ``max_batch_size`` prompts and ``max_batch_tokens`` padded prompt
+        tokens (the prefill's memory), but always at least one prompt.
+        """
         if isinstance(max_new_tokens, int):
             max_new_tokens = [max_new_tokens] * len(prompts)
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]), reverse=True)
         out: list[Generated | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start:start + self.max_batch_size]
+        for chunk in batch_chunks([len(prompts[i]) for i in order], self.max_batch_size, self.max_batch_tokens):
+            chunk = [order[j] for j in chunk]
             gens = generate_tokens(
                 self.model, [prompts[i] for i in chunk], [max_new_tokens[i] for i in chunk],
                 sampling=sampling or self.sampling, stop_ids=self.stop_token_ids, pad_id=self.pad_token_id,

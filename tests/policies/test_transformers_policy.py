@@ -10,6 +10,7 @@ from compactrl.policies.transformers_policy import (
     SamplingConfig,
     TransformersPolicy,
     _draw,
+    batch_chunks,
     positions_from_mask,
     sampling_log_probs,
     truncate_logits,
@@ -215,3 +216,22 @@ def test_draw_matches_the_distribution():
     freq = torch.bincount(draws, minlength=5).float() / len(draws)
     assert freq[4] == 0
     assert torch.allclose(freq, probs, atol=0.015), freq
+
+
+@given(lengths=st.lists(st.integers(1, 300), max_size=40), rows=st.integers(1, 8), cap=st.integers(1, 2000))
+def test_batch_chunks_cover_in_order_within_limits(lengths, rows, cap):
+    lengths = sorted(lengths, reverse=True)
+    chunks = batch_chunks(lengths, rows, cap)
+    assert [i for c in chunks for i in c] == list(range(len(lengths)))
+    for c in chunks:
+        assert 1 <= len(c) <= rows
+        assert len(c) == 1 or len(c) * lengths[c[0]] <= cap
+
+
+@pytest.mark.timeout(60)
+def test_token_capped_batches_give_the_same_tokens(tokenizer):
+    prompts = random_prompts(6, lo=10, hi=60, seed=19)
+    wide = TransformersPolicy(cached_tiny("qwen3_moe"), tokenizer, temperature=0.0).generate(prompts, 5)
+    narrow = TransformersPolicy(cached_tiny("qwen3_moe"), tokenizer, temperature=0.0,
+                                max_batch_tokens=80).generate(prompts, 5)
+    assert [g.token_ids for g in wide] == [g.token_ids for g in narrow]
