@@ -15,3 +15,4 @@ def _register(env_id: str, entry_point: str) -> None:
 
 
 _register("CompactCode-v0", "compactrl.envs.code_env:make_code_env")
+_register("CompactTerminal-v0", "compactrl.envs.terminal_env:make_terminal_env")

@@ -195,6 +195,10 @@ class OraclePolicy:
 
     def respond(self, request: PolicyRequest) -> str:
         task = request.task
+        if getattr(task, "kind", None) == "terminal":  # generated terminal tasks have their own oracle
+            from compactrl.policies.scripted_terminal import TerminalOraclePolicy
+
+            return TerminalOraclePolicy(self.summary_quality, self.seed).respond(request)
         if task is None or "facts" not in getattr(task, "metadata", {}):
             raise ValueError("OraclePolicy needs request.task: a generated code task (with metadata['facts'])")
         meta = task.metadata

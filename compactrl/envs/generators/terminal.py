@@ -245,16 +245,17 @@ class _Plan:
 def _config_repair(rng: random.Random, cfg: TerminalTaskConfig) -> _Plan:
     service = rng.choice(SERVICES)
     chosen = rng.sample(SETTINGS, cfg.num_facts)
-    hosts = [_Doc("notes/ops-journal.md", _note_filler(rng, _lines_for(rng, cfg))),
-             _Doc("notes/changelog.md", _note_filler(rng, _lines_for(rng, cfg))),
-             _Doc("logs/deploy.log", _log_filler(rng, _lines_for(rng, cfg)))]
+    names = ["notes/ops-journal.md", "notes/changelog.md", "logs/deploy.log", "notes/incidents.md",
+             "logs/audit.log", "notes/handover.md"]
+    hosts = [_Doc(p, (_log_filler if p.endswith(".log") else _note_filler)(rng, _lines_for(rng, cfg)))
+             for p in names[: max(3, cfg.num_facts)]]
+    homes = rng.sample(hosts, cfg.num_facts)  # one fact per file: each must be read on its own
     conf_lines, facts = _config_body(rng, cfg, service, [k for k, _ in chosen]), []
     values: dict[str, str] = {}
-    for key, (lo, hi) in chosen:
+    for (key, (lo, hi)), host in zip(chosen, homes):
         right = rng.randint(lo, hi)
         wrongs = _distinct_numbers(rng, lo, hi, right, cfg.distractors_per_fact + 1)
         values[key] = str(right)
-        host = rng.choice(hosts)
         chg = rng.randint(1000, 9999)
         needle = f"{_stamp(rng)} APPROVED change CHG-{chg}: set {key} = {right} on {service} (owner: {rng.choice(USERS)})"
         host.inserts.append((_depth(rng, cfg), needle, key))
@@ -346,34 +347,35 @@ def _data_transform(rng: random.Random, cfg: TerminalTaskConfig) -> _Plan:
         rows.append(f"A{10000 + i},{region},{cents},{st}")
         if st == status:
             totals[region] = totals.get(region, 0) + cents
-    notes = _Doc("notes/finance.md", _note_filler(rng, _lines_for(rng, cfg)))
-    notes.inserts.append((_depth(rng, cfg), f"APPROVED: the {quarter} reporting rate is {rate} EUR per USD.", "rate"))
-    notes.inserts.append((_depth(rng, cfg), f"APPROVED: revenue counts orders with status {status} only.", "status"))
+    rates = _Doc("notes/finance.md", _note_filler(rng, _lines_for(rng, cfg)))
+    rules = _Doc("notes/revenue-policy.md", _note_filler(rng, _lines_for(rng, cfg)))
+    rates.inserts.append((_depth(rng, cfg), f"APPROVED: the {quarter} reporting rate is {rate} EUR per USD.", "rate"))
+    rules.inserts.append((_depth(rng, cfg), f"APPROVED: revenue counts orders with status {status} only.", "status"))
     wrong_rates = [round(rate + rng.choice([-1, 1]) * rng.uniform(0.01, 0.05), 4) for _ in range(cfg.distractors_per_fact)]
     for w in wrong_rates:
-        notes.inserts.append((rng.random(), f"PROPOSED: the {quarter} reporting rate is {w} EUR per USD "
+        rates.inserts.append((rng.random(), f"PROPOSED: the {quarter} reporting rate is {w} EUR per USD "
                                             f"(not approved).", None))
     for w in rng.sample([s for s in STATUSES if s != status], min(cfg.distractors_per_fact, 3)):
-        notes.inserts.append((rng.random(), f"OUTDATED: revenue counts orders with status {w} only.", None))
+        rules.inserts.append((rng.random(), f"OUTDATED: revenue counts orders with status {w} only.", None))
     facts = [
-        {"key": "rate", "value": str(rate), "file": notes.path,
+        {"key": "rate", "value": str(rate), "file": rates.path,
          "pattern": rf"APPROVED: the {quarter} reporting rate is ([0-9.]+) EUR per USD", "wrong": [str(w) for w in wrong_rates]},
-        {"key": "status", "value": status, "file": notes.path,
+        {"key": "status", "value": status, "file": rules.path,
          "pattern": r"APPROVED: revenue counts orders with status (\w+) only", "wrong": [s for s in STATUSES if s != status]},
     ]
     expected = {r: round(c / 100 * rate, 2) for r, c in totals.items()}
     instruction = (
         f"data/orders.csv lists orders (amount_cents in USD cents). Create out/revenue.csv with the header "
         f"`region,eur` and one row per region with counted orders, sorted by region: the sum of the counted "
-        f"orders' amounts in EUR with 2 decimals. notes/finance.md states the APPROVED {quarter} reporting rate "
-        f"and which order status counts as revenue (ignore PROPOSED and OUTDATED lines). Submit when done."
+        f"orders' amounts in EUR with 2 decimals. The notes state the APPROVED {quarter} reporting rate and "
+        f"which order status counts as revenue (ignore PROPOSED and OUTDATED lines). Submit when done."
     )
     awk = ("awk -F, -v rate={f0} 'NR>1 && $4==\"{f1}\" {{t[$2]+=$3}} "
            "END {{for (r in t) printf \"%s,%.2f\\n\", r, t[r]/100*rate}}' data/orders.csv | sort >> out/revenue.csv")
     solution = ["mkdir -p out", "echo region,eur > out/revenue.csv", awk]
     spec = {"checks": [{"type": "csv_totals", "path": "out/revenue.csv", "header": "region,eur",
                         "expected": expected, "tolerance": 0.011}]}
-    return _Plan([notes], {"data/orders.csv": "\n".join(rows) + "\n"}, facts, instruction, solution, spec)
+    return _Plan([rates, rules], {"data/orders.csv": "\n".join(rows) + "\n"}, facts, instruction, solution, spec)
 
 
 _FAMILY_FNS = {"config_repair": _config_repair, "log_report": _log_report, "data_transform": _data_transform}
