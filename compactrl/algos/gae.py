@@ -149,7 +149,9 @@ def _validate(reward, value, done, terminated, next_value, lmbda) -> None:
         try:
             torch.broadcast_shapes(lmbda.shape, shape)
         except RuntimeError as err:
-            raise ValueError(f"lmbda of shape {tuple(lmbda.shape)} does not broadcast to {tuple(shape)}") from err
+            raise ValueError(
+                f"lmbda of shape {tuple(lmbda.shape)} does not broadcast to {tuple(shape)}"
+            ) from err
     if terminated is not None and bool((terminated & ~done).any()):
         raise ValueError("terminated must imply done (a terminated step ends its episode)")
 
@@ -357,23 +359,36 @@ def trace_gae(
     value = batch["value"]
     n_rows, width = value.shape
     order = _episode_order(batch)
-    row_s, col = np.divmod(_host_nonzero(batch["policy_mask"][torch.from_numpy(order).to(value.device)]), width)
+    row_s, col = np.divmod(
+        _host_nonzero(batch["policy_mask"][torch.from_numpy(order).to(value.device)]), width
+    )
     tok_row = order[row_s]  # original row of every policy token, in episode time order
     where = torch.from_numpy(tok_row * width + col).to(value.device)
     advantage = torch.zeros(n_rows * width, dtype=torch.float32, device=value.device)
     target = torch.zeros_like(advantage)
     if where.numel():
-        adv, vt = _stream_gae(batch, where, tok_row, row_s, boundary=boundary, gamma=gamma, lmbda=lmbda,
-                              alpha=length_adaptive_alpha, truncation=truncation, value_lmbda=value_lmbda,
-                              cut_reward=cut_reward)
+        adv, vt = _stream_gae(
+            batch,
+            where,
+            tok_row,
+            row_s,
+            boundary=boundary,
+            gamma=gamma,
+            lmbda=lmbda,
+            alpha=length_adaptive_alpha,
+            truncation=truncation,
+            value_lmbda=value_lmbda,
+            cut_reward=cut_reward,
+        )
         advantage[where], target[where] = adv, vt
     batch.set("advantage", advantage.view(n_rows, width))
     batch.set("value_target", target.view(n_rows, width))
     return batch
 
 
-def _stream_gae(batch, where, tok_row, row_s, *, boundary, gamma, lmbda, alpha, truncation, value_lmbda,
-                cut_reward) -> tuple[torch.Tensor, torch.Tensor]:
+def _stream_gae(
+    batch, where, tok_row, row_s, *, boundary, gamma, lmbda, alpha, truncation, value_lmbda, cut_reward
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the time-ordered policy tokens of a whole trace batch, as one stream."""
     dev = where.device
     value = batch["value"].reshape(-1)[where].float()
