@@ -14,30 +14,26 @@ from compactrl.policies.openai_client import OpenAICompletionsPolicy
 from compactrl.policies.serve import ServeConfig, make_server
 from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.types import PolicyRequest, TokenResponse
-from compactrl.wrappers.context_budget import ContextBudget, ContextBudgetConfig
+from compactrl.wrappers.context_budget import ContextBudget
 
 RESERVE, CAP = 24, 64
 
 
-def _has_budget_wrapper(env) -> bool:
-    while env is not None:
-        if isinstance(env, ContextBudget):
-            return True
-        env = getattr(env, "env", None)
-    return False
+def _budget_wrapper(env) -> ContextBudget:
+    while not isinstance(env, ContextBudget):
+        env = env.env
+    return env
 
 
 def make_env(tokenizer, max_turns: int = 5):
-    """CompactCode-v0 under a budget small enough that the episode compacts (sizes from a probe reset)."""
-    probe = gym.make("CompactCode-v0", max_turns=max_turns)
-    if _has_budget_wrapper(probe):
-        return probe
-    probe = ContextBudget(probe, ContextBudgetConfig(budget=8192, reserve=RESERVE, tool_output_cap=CAP),
-                          tokenizer=tokenizer)
+    """``gym.make("CompactCode-v0")`` with a budget small enough that the episode compacts (sized from
+    a probe reset: system + task + room for a summary request, a summary and a clipped tool output)."""
+    kw = dict(max_turns=max_turns, reserve=RESERVE, tool_output_cap=CAP, tokenizer=tokenizer)
+    probe = gym.make("CompactCode-v0", budget=8192, **kw)
     _, info = probe.reset(seed=0)
-    budget = len(info["prompt_token_ids"]) + 2 * RESERVE + CAP + probe._summary_room + 100
-    cfg = ContextBudgetConfig(budget=budget, reserve=RESERVE, tool_output_cap=CAP, max_compactions=2)
-    return ContextBudget(gym.make("CompactCode-v0", max_turns=max_turns), cfg, tokenizer=tokenizer)
+    room = getattr(_budget_wrapper(probe), "_summary_room", 150)  # room to ask for a summary
+    budget = len(info["prompt_token_ids"]) + 2 * RESERVE + CAP + room + 100
+    return gym.make("CompactCode-v0", budget=budget, max_compactions=2, **kw)
 
 
 def run_episode(env, policy, seed=0):
