@@ -84,7 +84,7 @@ class ToolEnv(gym.Env[str, str]):
         max_observation_chars: observations longer than this are clipped head+tail.
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(
         self,

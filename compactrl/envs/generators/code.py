@@ -232,7 +232,7 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
             "version": 1,
             "seed": seed,
             "split": split_of_seed(seed),
-            "config": asdict(cfg),
+            "config": json.loads(json.dumps(asdict(cfg))),
             "package": pkg,
             "bug_file": bug_file,
             "spec_file": spec_file,

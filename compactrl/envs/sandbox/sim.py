@@ -103,6 +103,9 @@ class SimSandbox:
 
     def run_tests(self) -> TestReport:
         task = self._require_task()
+        blocked = self._blocked_hidden_path(task)
+        if blocked:  # as the real backends: the test files cannot be installed, nothing runs
+            return TestReport((), (), f"could not install the test files: {blocked}; the tests did not run", False)
         # Like the real backends: hidden files are written for the run; those that belong to the
         # visible project (the visible tests) stay restored, the others never become visible.
         for path, content in task.check.hidden_files.items():
@@ -111,6 +114,16 @@ class SimSandbox:
         view = dict(self._files)
         view.update(task.check.hidden_files)
         return self._judge(task, view)
+
+    def _blocked_hidden_path(self, task: Task) -> str | None:
+        for path in task.check.hidden_files:
+            if any(p.startswith(path + "/") for p in self._files):
+                return f"{path} is a directory"
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in self._files:
+                    return f"{'/'.join(parts[:i])} is a file, not a directory"
+        return None
 
     def close(self) -> None:
         self._files = {}
@@ -139,7 +152,7 @@ def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
     meta = task.metadata
     sim = meta["sim"]
     bug_file = meta["bug_file"]
-    facts = tuple((f["key"], f["compare"], _freeze(f["value"])) for f in meta["facts"])
+    facts = tuple((f["key"], f["compare"], f["value"]) for f in meta["facts"])
     status: dict[str, str] = {}
     fact_ok: dict[str, bool] = {}
     for path in sim["modules"]:
@@ -159,10 +172,6 @@ def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
         )
         (passed if ok else failed).append(test_id)
     return TestReport(tuple(passed), tuple(failed), _pytest_like_output(passed, failed), not failed)
-
-
-def _freeze(value):
-    return value
 
 
 @lru_cache(maxsize=64)

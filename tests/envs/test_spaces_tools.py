@@ -1,0 +1,102 @@
+"""UnicodeText and the tool-language parser."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compactrl.envs.spaces import UnicodeText
+from compactrl.envs.tools import FormatError, ToolCall, format_call, normalize_path, parse_action
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@given(st.text(max_size=300))
+def test_unicode_text_contains_any_string_within_length(text):
+    space = UnicodeText(300)
+    assert space.contains(text)
+    assert not UnicodeText(len(text) - 1).contains(text) if text else True
+
+
+def test_unicode_text_sample_is_contained_and_seeded():
+    space = UnicodeText(10_000_000, seed=3)
+    samples = [space.sample() for _ in range(20)]
+    assert all(space.contains(s) for s in samples)
+    assert max(len(s) for s in samples) <= space.sample_max_length
+    again = UnicodeText(10_000_000, seed=3)
+    assert [again.sample() for _ in range(20)] == samples
+    assert not space.contains(b"bytes") and not space.contains(None)
+    assert UnicodeText(5) == UnicodeText(5) and UnicodeText(5) != UnicodeText(6)
+
+
+@given(st.text())
+def test_parse_never_raises(text):
+    result = parse_action(text)
+    assert isinstance(result, (ToolCall, FormatError))
+
+
+_path = st.from_regex(r"\A[a-z][a-z0-9_./-]{0,20}\Z", fullmatch=True).filter(lambda p: "<" not in p)
+_payload = st.text().filter(lambda t: all(m not in t for m in ("<tool>", "</tool>", "<old>", "</old>", "<new>", "</new>", "<content>", "</content>")))
+_calls = st.one_of(
+    st.builds(lambda p: ToolCall("view", path=p), _path),
+    st.builds(lambda p, a, n: ToolCall("view", path=p, start=a, end=a + n), _path, st.integers(1, 10**6), st.integers(0, 10**6)),
+    st.builds(lambda pat, p: ToolCall("search", pattern=pat, path=p),
+              st.text(min_size=1).filter(lambda t: '"' not in t and t.strip() == t and t and "<tool>" not in t and "</tool>" not in t),
+              st.one_of(st.none(), _path)),
+    st.builds(lambda p, o, n: ToolCall("replace", path=p, old=o, new=n), _path, _payload.filter(bool), _payload),
+    st.builds(lambda p, c: ToolCall("create", path=p, content=c), _path, _payload),
+    st.sampled_from([ToolCall("test"), ToolCall("submit")]),
+    st.builds(lambda c: ToolCall("shell", command=c), st.text(min_size=1).map(str.strip).filter(lambda t: t and "<tool>" not in t and "</tool>" not in t)),
+)
+
+
+@given(_calls, st.text().filter(lambda t: "<tool>" not in t and "</tool>" not in t))
+def test_format_then_parse_round_trips(call, reasoning):
+    assert parse_action(format_call(call)) == call
+    assert parse_action(reasoning + "\n" + format_call(call) + "\n" + reasoning) == call
+
+
+def test_payload_rule_drops_one_leading_newline_only():
+    call = parse_action("<tool>replace a.py\n<old>\nx = 1\n</old>\n<new>\n\ny = 2\n</new>\n</tool>")
+    assert call == ToolCall("replace", path="a.py", old="x = 1\n", new="\ny = 2\n")
+    assert parse_action("<tool>replace a.py\n<old>x</old><new></new></tool>") == ToolCall("replace", path="a.py", old="x", new="")
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("no call here", "no tool call"),
+        ("<tool>view a</tool><tool>test</tool>", "exactly one"),
+        ("<tool>view a", "not closed"),
+        ("<tool>frob a</tool>", "unknown tool"),
+        ("<tool></tool>", "unknown tool"),
+        ("<tool>view</tool>", "view takes"),
+        ("<tool>view a 3 2</tool>", "START <= END"),
+        ("<tool>view a x y</tool>", "integers"),
+        ("<tool>search</tool>", "non-empty pattern"),
+        ('<tool>search "open</tool>', "unterminated"),
+        ("<tool>test now</tool>", "no arguments"),
+        ("<tool>replace a.py\n<old>\nx\n</old>\n</tool>", "<new>"),
+        ("<tool>replace a.py\n<new>\ny\n</new>\n<old>\nx\n</old>\n</tool>", "order"),
+        ("<tool>replace a.py\n<old>\n</old>\n<new>\ny\n</new>\n</tool>", "non-empty"),
+        ("<tool>create a.py</tool>", "<content>"),
+        ("<tool>create\n<content>\nx\n</content>\n</tool>", "one path"),
+        ("<tool>shell   </tool>", "needs a command"),
+    ],
+)
+def test_format_errors_explain(text, fragment):
+    result = parse_action(text)
+    assert isinstance(result, FormatError)
+    assert fragment in result.message
+
+
+def test_search_quoted_pattern_and_path():
+    assert parse_action('<tool>search "service fee" docs</tool>') == ToolCall("search", pattern="service fee", path="docs")
+    assert parse_action("<tool>search PAGE_SIZE</tool>") == ToolCall("search", pattern="PAGE_SIZE")
+
+
+def test_normalize_path():
+    assert normalize_path("./a//b/./c.py") == "a/b/c.py"
+    assert normalize_path(".") == ""
+    for bad in ("/etc/passwd", "../x", "a/../../b"):
+        with pytest.raises(ValueError):
+            normalize_path(bad)
