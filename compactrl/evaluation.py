@@ -173,12 +173,17 @@ def make_policy(name: str, *, seed: int = 0, summary_quality: float = 1.0) -> Po
         return OraclePolicy(summary_quality=summary_quality, seed=seed)
     if name == "random":
         return RandomPolicy(seed=seed)
-    raise ValueError(f"policy: expected 'oracle' or 'random', got {name!r}")
+    if name in ("gold", "noop"):
+        from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+
+        return GoldPolicy() if name == "gold" else NoopPolicy()
+    raise ValueError(f"policy: expected 'oracle', 'random', 'gold' or 'noop', got {name!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default="CompactCode-v0", help="registered env id (default: CompactCode-v0)")
-    parser.add_argument("--policy", default="oracle", choices=("oracle", "random"), help="scripted policy")
+    parser.add_argument("--policy", default="oracle", choices=("oracle", "random", "gold", "noop"),
+                        help="scripted policy (gold: the reference solution; noop: submit at once)")
     parser.add_argument("--episodes", type=int, default=20, help="number of episodes (default: 20)")
     parser.add_argument("--seed", type=int, default=0, help="episode i resets with seed + i (default: 0)")
     parser.add_argument("--env-kwargs", default="{}", help='JSON keyword arguments of the env, e.g. \'{"difficulty": "hard"}\'')
@@ -187,9 +192,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary-quality", type=float, default=1.0, help="oracle: probability a fact survives a summary")
     parser.add_argument("--num-envs", type=int, default=1, help="envs stepped in lock-step (batched policy calls)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    from compactrl.task_eval import add_task_arguments
+
+    add_task_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "tasks", None):
+        from compactrl.task_eval import run_tasks
+
+        return run_tasks(args)
     try:
         env_kwargs = json.loads(args.env_kwargs)
     except json.JSONDecodeError as exc:

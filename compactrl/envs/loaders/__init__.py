@@ -1,0 +1,41 @@
+"""Loaders of real task formats: SWE-bench rows (:mod:`.swebench`) and Terminal-Bench task folders
+(:mod:`.terminal_bench`). :func:`load_tasks` picks the loader from what a path holds."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from compactrl.envs.task import Task
+
+
+def load_tasks(path: str, *, swebench: Any = None, terminal_bench: Any = None,
+               instance_ids: list[str] | None = None) -> list[Task]:
+    """Tasks from ``path``:
+
+    * a ``.json``/``.jsonl`` file of SWE-bench rows (``instance_id``, ``test_patch``...), loaded
+      with ``swebench`` (a :class:`~.swebench.SWEBenchConfig`, required for them);
+    * a ``.json``/``.jsonl`` file of :class:`Task` records (``Task.to_json`` lines);
+    * a Terminal-Bench task folder, or a folder of them, loaded with ``terminal_bench``
+      (a :class:`~.terminal_bench.TerminalBenchConfig`).
+    """
+    if os.path.isdir(path):
+        from compactrl.envs.loaders.terminal_bench import load_terminal_bench
+
+        return load_terminal_bench(path, terminal_bench)
+    if not os.path.isfile(path):
+        raise ValueError(f"tasks: {path!r} is neither a file nor a directory")
+    from compactrl.envs.loaders.swebench import load_swebench, read_rows
+
+    rows = read_rows(path)
+    if rows and "instance_id" in rows[0] and "test_patch" in rows[0]:
+        if swebench is None:
+            raise ValueError(f"{path}: SWE-bench rows need a SWEBenchConfig (repos_root or use_images)")
+        return load_swebench(rows, swebench, instance_ids=instance_ids)
+    if rows and {"id", "kind", "instruction", "files"} <= set(rows[0]):
+        return [Task.from_json(json.dumps(r)) for r in rows]
+    raise ValueError(f"{path}: expected SWE-bench rows or Task records, got keys {sorted(rows[0]) if rows else []}")
+
+
+__all__ = ["load_tasks"]
