@@ -3,8 +3,9 @@
 
 :class:`GoldPolicy` knows, from ``request.task``:
 
-* SWE-bench tasks: the gold ``patch`` (``metadata["gold_patch"]``), written to a file with the
-  ``create`` tool and applied with ``git apply`` (``patch -p1`` where git is missing);
+* SWE-bench tasks: the gold ``patch`` (``metadata["gold_patch"]``): with the repository's files in
+  the task, the patched files are written with ``create``; with the repository inside an image,
+  the patch is written to a file and applied there with ``git apply`` (or ``patch -p1``);
 * Terminal-Bench tasks: ``solution.sh`` (``metadata["solution_sh"]``), written and run with bash;
 * generated terminal tasks: the solution commands with the true fact values;
 * generated code tasks: each stale constant replaced by its right value.
@@ -29,6 +30,12 @@ def gold_calls(task) -> list[ToolCall]:
     """The tool calls that apply ``task``'s reference solution (``submit`` not included)."""
     meta = task.metadata
     if task.source == "swebench":
+        if task.files:  # the repository's files are known: write the patched files (no git needed inside)
+            from compactrl.envs.loaders.swebench import apply_patch
+
+            patched = apply_patch(task.files, meta["gold_patch"])
+            return [ToolCall("create", path=p, content=c) if c is not None else ToolCall("shell", command=f"rm -f {p}")
+                    for p, c in patched.items()]
         apply = (f"(git apply --whitespace=nowarn {PATCH_FILE} || patch -p1 --forward < {PATCH_FILE}) "
                  f"&& rm -f {PATCH_FILE}")
         return [ToolCall("create", path=PATCH_FILE, content=meta["gold_patch"]), ToolCall("shell", command=apply)]
