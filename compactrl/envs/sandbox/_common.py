@@ -28,6 +28,19 @@ def work_rel(path: str) -> str:
         raise PermissionError(str(e)) from None
 
 
+# The sim's exception messages: the env shows them to the agent, so every backend uses the same.
+def not_found(path: str) -> FileNotFoundError:
+    return FileNotFoundError(f"no such file: {path}")
+
+
+def is_a_directory(path: str) -> IsADirectoryError:
+    return IsADirectoryError(f"{path} is a directory")
+
+
+def not_a_directory(prefix: str) -> NotADirectoryError:
+    return NotADirectoryError(f"{prefix} is a file, not a directory")
+
+
 def hidden_restore_plan(task: Task, before: dict[str, bytes | None]) -> dict[str, bytes | None]:
     """What to put back after a test run, as the sim does: hidden copies of files the task ships
     (pristine visible tests) stay in place; other hidden files revert to what was there (None:

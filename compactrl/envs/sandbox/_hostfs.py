@@ -142,6 +142,22 @@ class HostWorkDir:
         finally:
             os.close(fd)
 
+    def file_prefix(self, rel: str) -> str | None:
+        """The first parent of ``rel`` that exists and is not a directory (why a write failed)."""
+        parts = rel.split("/")[:-1]
+        for k in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:k])
+            try:
+                fd = self._open(prefix, os.O_PATH)
+            except OSError:
+                return None
+            try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    return prefix
+            finally:
+                os.close(fd)
+        return None
+
     def remove(self, rel: str) -> None:
         """Delete a file (never following a symlink out of the work dir)."""
         head, _, name = rel.rpartition("/")

@@ -62,7 +62,7 @@ def ansi_c_quote(text: str) -> str:
     NUL cannot occur in a bash string and is dropped.
     """
     out = []
-    for b in text.encode("utf-8", errors="surrogateescape"):
+    for b in text.encode("utf-8", errors="surrogatepass"):
         if b == 0:
             continue
         c = chr(b)

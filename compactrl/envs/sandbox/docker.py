@@ -31,7 +31,10 @@ from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox._common import (
     hidden_files_blocked,
     hidden_restore_plan,
+    is_a_directory,
     make_config,
+    not_a_directory,
+    not_found,
     report_from_run,
     work_rel,
 )
@@ -61,7 +64,7 @@ _INIT = "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"
 _WRITE_CHECK = (
     'p=$1; r=$(realpath -m -- "$p") || exit 13; case "$r/" in "$2"/*) ;; *) exit 13;; esac;'
     ' [ -d "$p" ] && exit 21; d=$(dirname -- "$p");'
-    ' while [ "$d" != . ] && [ "$d" != / ]; do [ -e "$d" ] && [ ! -d "$d" ] && exit 20; d=$(dirname -- "$d"); done;'
+    ' while [ "$d" != . ] && [ "$d" != / ]; do [ -e "$d" ] && [ ! -d "$d" ] && { printf %s "${d#"$2"/}"; exit 20; }; d=$(dirname -- "$d"); done;'
     " exit 0"
 )
 
@@ -245,7 +248,7 @@ class DockerSandbox:
         try:
             self._ensure_image()
             self._create(in_image)
-            files = {work_rel(p): c.encode("utf-8", errors="surrogateescape") for p, c in task.files.items()}
+            files = {work_rel(p): c.encode("utf-8", errors="surrogatepass") for p, c in task.files.items()}
             if files:
                 self._put(files)
             res = self._exec_raw(["bash", "--noprofile", "--norc", "-c",
@@ -438,20 +441,26 @@ class DockerSandbox:
     def read_file(self, path: str) -> str:
         rel = work_rel(path)
         if not rel:
-            raise IsADirectoryError(f"{path} is a directory")
+            raise is_a_directory(path)
         if rel not in self._cache:
-            self._cache[rel] = self._get(rel).decode("utf-8", errors="replace")
+            try:
+                data = self._get(rel)
+            except FileNotFoundError:
+                raise not_found(path) from None
+            except IsADirectoryError:
+                raise is_a_directory(path) from None
+            self._cache[rel] = data.decode("utf-8", errors="replace")
         return self._cache[rel]
 
-    def _check_write(self, rel: str) -> None:
+    def _check_write(self, rel: str, path: str | None = None) -> None:
         code, out = self._exec_raw(["bash", "--noprofile", "--norc", "-c", _WRITE_CHECK, "check",
                                     self._abs(rel), self._workdir])
         if code == 13:
             raise PermissionError(f"{rel!r} leads outside the work dir")
         if code == 21:
-            raise IsADirectoryError(f"{rel} is a directory")
+            raise is_a_directory(path or rel)
         if code == 20:
-            raise NotADirectoryError(f"a parent of {rel} is a file, not a directory")
+            raise not_a_directory(out.decode("utf-8", errors="replace") or rel)
         if code != 0:
             raise SandboxError(f"checking {rel!r} failed ({code}): {_shell.readable(out[-500:])}")
 
@@ -466,10 +475,11 @@ class DockerSandbox:
     def write_file(self, path: str, content: str) -> None:
         rel = work_rel(path)
         if not rel:
-            raise IsADirectoryError(f"{path} is a directory")
-        self._check_write(rel)
-        self._put({rel: content.encode("utf-8", errors="surrogateescape")})
-        self._cache[rel] = content.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+            raise is_a_directory(path)
+        self._check_write(rel, path)
+        data = content.encode("utf-8", errors="surrogatepass")
+        self._put({rel: data})
+        self._cache[rel] = data.decode("utf-8", errors="replace")
         if self._listing is not None and rel not in self._listing:
             self._listing = sorted([*self._listing, rel])
 

@@ -38,7 +38,10 @@ from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox._common import (
     hidden_files_blocked,
     hidden_restore_plan,
+    is_a_directory,
     make_config,
+    not_a_directory,
+    not_found,
     report_from_run,
     work_rel,
 )
@@ -467,7 +470,7 @@ class LocalSandbox:
     def _send(self, text: str) -> None:
         assert self._proc is not None and self._proc.stdin is not None
         try:
-            self._proc.stdin.write(text.encode("utf-8", errors="surrogateescape"))
+            self._proc.stdin.write(text.encode("utf-8", errors="surrogatepass"))
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
             raise SandboxError(f"the sandbox shell is gone ({e})") from e
@@ -559,18 +562,26 @@ class LocalSandbox:
     def read_file(self, path: str) -> str:
         rel = work_rel(path)
         if not rel:
-            raise IsADirectoryError(f"{path} is a directory")
+            raise is_a_directory(path)
         try:
             data = self._files().read_bytes(rel)
-        except NotADirectoryError:  # "a.py/x" with a.py a file: the sim says "no such file"
-            raise FileNotFoundError(f"no such file: {path}") from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise not_found(path) from None
+        except IsADirectoryError:
+            raise is_a_directory(path) from None
         return data.decode("utf-8", errors="replace")
 
     def write_file(self, path: str, content: str) -> None:
         rel = work_rel(path)
         if not rel:
-            raise IsADirectoryError(f"{path} is a directory")
-        self._files().write_bytes(rel, content.encode("utf-8", errors="surrogateescape"))
+            raise is_a_directory(path)
+        fs = self._files()
+        try:
+            fs.write_bytes(rel, content.encode("utf-8", errors="surrogatepass"))
+        except IsADirectoryError:
+            raise is_a_directory(path) from None
+        except NotADirectoryError:
+            raise not_a_directory(fs.file_prefix(rel) or rel) from None
 
     def list_files(self) -> list[str]:
         return self._files().list_files()

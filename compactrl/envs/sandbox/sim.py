@@ -25,6 +25,7 @@ import builtins
 import importlib
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -147,8 +148,21 @@ def _load_shell():
 # the verdict
 
 
+_REPORTS: OrderedDict[tuple, TestReport] = OrderedDict()
+
+
 def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
     """Per-test verdict of a generated code task on ``files`` (see the module docstring)."""
+    key = (task.id, task.files.get(task.metadata["bug_file"]), *(files.get(m) for m in task.metadata["sim"]["modules"]))
+    report = _REPORTS.get(key)
+    if report is None:
+        report = _REPORTS[key] = _judge(task, files)
+        if len(_REPORTS) > 4096:
+            _REPORTS.popitem(last=False)
+    return report
+
+
+def _judge(task: Task, files: dict[str, str]) -> TestReport:
     meta = task.metadata
     sim = meta["sim"]
     bug_file = meta["bug_file"]
@@ -200,18 +214,24 @@ def _module_verdict(
     current: str | None, original: str, facts: tuple[tuple[str, str, object], ...]
 ) -> tuple[str, dict[str, bool]]:
     """``("ok" | "broken" | "changed", {fact key: correct})`` for one module's source."""
-    keys = {k for k, _, _ in facts}
+    keys = frozenset(k for k, _, _ in facts)
     none_ok = {k: False for k in keys}
     if current is None:
         return "broken", none_ok
     if current == original and not facts:
         return "ok", {}
+    fast = _fact_lines_only(current, original, facts) if facts else None
+    return fast if fast is not None else _full_verdict(current, original, facts)
+
+
+def _full_verdict(current: str, original: str, facts) -> tuple[str, dict[str, bool]]:
+    keys = frozenset(k for k, _, _ in facts)
+    none_ok = {k: False for k in keys}
     try:
         tree = ast.parse(current)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return "broken", none_ok
-    skeleton, sites = _skeleton(tree, keys)
-    if skeleton != _original_skeleton(original, frozenset(keys)):
+    if _changed(tree, current, original, keys):
         return "changed", none_ok
     values = _evaluate_module(tree, keys)
     if values is None:
@@ -220,26 +240,120 @@ def _module_verdict(
     return "ok", ok
 
 
+# -- fast path: only fact lines changed ----------------------------------------------------------
+
+
 @lru_cache(maxsize=1024)
-def _original_skeleton(original: str, keys: frozenset[str]) -> str:
-    return _skeleton(ast.parse(original), set(keys))[0]
-
-
-def _skeleton(tree: ast.Module, keys: set[str]) -> tuple[str, list[str]]:
-    """The module's AST dump without docstrings and with the fact constants' values blanked."""
-    sites = []
-    body = []
+def _original_sites(original: str, keys: frozenset[str]) -> tuple[tuple[str, ...], dict[int, str], dict[int, frozenset[str]]]:
+    """Lines of the original, ``{line index: fact key}`` of its one-line fact assignments, and the
+    names bound at module level before each of them."""
+    tree = ast.parse(original)
+    sites, before, bound = {}, {}, set()
     for stmt in tree.body:
-        target = _fact_target(stmt, keys)
-        if target is not None:
-            sites.append(target)
-            stmt = ast.Assign(targets=[ast.Name(id=target, ctx=ast.Store())], value=ast.Constant(None))
-        body.append(stmt)
-    module = ast.Module(body=_strip_docstrings(body), type_ignores=[])
-    for node in ast.walk(module):
+        key = _fact_target(stmt, set(keys))
+        if key is not None and stmt.lineno == stmt.end_lineno:
+            sites[stmt.lineno - 1] = key
+            before[stmt.lineno - 1] = frozenset(bound)
+        bound.update(_bound_names(stmt))
+    return tuple(original.split("\n")), sites, before
+
+
+def _fact_lines_only(current: str, original: str, facts) -> tuple[str, dict[str, bool]] | None:
+    """The verdict when the only edits are to the fact assignment lines, each still one complete
+    ``KEY = expr`` statement; None when the edit is anything else (then the full analysis runs).
+
+    Sound because a top-level statement that parses on its own line cannot change how any other
+    line tokenizes, so the module equals the original with those statements' values replaced.
+    """
+    keys = frozenset(k for k, _, _ in facts)
+    lines, sites, before = _original_sites(original, keys)
+    cur = current.split("\n")
+    if len(cur) != len(lines):
+        return None
+    if any(a != b and i not in sites for i, (a, b) in enumerate(zip(cur, lines))):
+        return None
+    values: dict[str, object] = {}
+    for i in sorted(sites):
+        key = sites[i]
+        try:
+            body = ast.parse(cur[i]).body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+        if len(body) != 1 or _fact_target(body[0], {key}) != key:
+            return None
+        env: dict[str, object] = dict.fromkeys(before[i], _UNKNOWN)
+        env.update((k, v) for k, v in values.items() if k in before[i])
+        try:
+            values[key] = _eval(body[0].value, env)
+        except _Raises:
+            return "broken", {k: False for k in keys}
+    return "ok", {key: _matches(values.get(key, _UNKNOWN), compare, expected) for key, compare, expected in facts}
+
+
+# -- full path: statement-level comparison with the original -------------------------------------
+
+
+class _Original:
+    """The original module parsed once, with statement dumps computed on demand."""
+
+    def __init__(self, source: str, keys: frozenset[str]) -> None:
+        self.lines = source.split("\n")
+        self.body = _strip_docstrings(ast.parse(source).body)
+        self.keys = keys
+        self._dumps: dict[int, str] = {}
+
+    def dump(self, index: int) -> str:
+        if index not in self._dumps:
+            self._dumps[index] = _stmt_dump(self.body[index], self.keys)
+        return self._dumps[index]
+
+
+@lru_cache(maxsize=256)
+def _original(source: str, keys: frozenset[str]) -> _Original:
+    return _Original(source, keys)
+
+
+def _changed(tree: ast.Module, current: str, original: str, keys: frozenset[str]) -> bool:
+    """Whether the module's code differs from the original beyond comments, formatting, docstrings
+    and the fact constants' values. Statements on lines untouched by the edit (same text, same
+    position relative to the start or the end of the file) are equal without comparing ASTs."""
+    orig = _original(original, keys)
+    body = _strip_docstrings(tree.body)
+    if len(body) != len(orig.body):
+        return True
+    cur_lines = current.split("\n")
+    prefix = 0
+    for a, b in zip(cur_lines, orig.lines):
+        if a != b:
+            break
+        prefix += 1
+    suffix = 0
+    for a, b in zip(reversed(cur_lines), reversed(orig.lines)):
+        if a != b or suffix >= min(len(cur_lines), len(orig.lines)) - prefix:
+            break
+        suffix += 1
+    shift = len(orig.lines) - len(cur_lines)
+    for i, (c, o) in enumerate(zip(body, orig.body)):
+        span_c = (c.lineno, c.end_lineno, c.col_offset, c.end_col_offset)
+        if c.end_lineno <= prefix and span_c == (o.lineno, o.end_lineno, o.col_offset, o.end_col_offset):
+            continue
+        if c.lineno > len(cur_lines) - suffix and span_c == (o.lineno - shift, o.end_lineno - shift, o.col_offset, o.end_col_offset):
+            continue
+        if _stmt_dump(c, keys) != orig.dump(i):
+            return True
+    return False
+
+
+def _stmt_dump(stmt: ast.stmt, keys: frozenset[str]) -> str:
+    """One top-level statement's AST without docstrings, a fact constant's value blanked.
+    (Mutates ``stmt``: callers pass statements of trees they own, once.)"""
+    target = _fact_target(stmt, set(keys))
+    if target is not None:
+        return f"fact {target}"
+    for node in ast.walk(stmt):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             node.body = _strip_docstrings(node.body) or [ast.Pass()]
-    return ast.dump(module, annotate_fields=False, include_attributes=False), sites
+    return ast.dump(stmt, annotate_fields=False, include_attributes=False)
 
 
 def _strip_docstrings(body: list[ast.stmt]) -> list[ast.stmt]:
