@@ -443,13 +443,15 @@ class Parser:
         if target.kind != "word":
             raise self._error_near(target)
         assert isinstance(target.value, Word)
-        self._advance()
         if op in ("<<", "<<-"):
+            # register before reading on: the body starts after the next newline token
             delim = "".join(p.text if not p.var else "$" + p.text for p in target.value.parts)
             quoted = any(p.quoted for p in target.value.parts)
             redir = Redirect(fd, op, None, heredoc=delim, heredoc_expand=not quoted, line=tok.line)
             self.lexer.pending_heredocs.append(redir)
+            self._advance()
             return redir
+        self._advance()
         return Redirect(fd, op, target.value)
 
 
