@@ -207,6 +207,7 @@ class VLLMPolicy:
         llm: Any = None,
     ) -> None:
         self.engine_config = engine if isinstance(engine, VLLMEngineConfig) else VLLMEngineConfig(model=engine)
+        vllm = import_vllm() if llm is None else None  # fail early and clearly without vLLM
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -220,7 +221,7 @@ class VLLMPolicy:
         self.sync_bucket_bytes = sync_bucket_bytes
         self._seed = seed
         self._calls = 0
-        self.llm = llm if llm is not None else import_vllm().LLM(**self.engine_config.llm_kwargs())
+        self.llm = llm if llm is not None else vllm.LLM(**self.engine_config.llm_kwargs())
 
     @classmethod
     def from_model(cls, model, tokenizer, directory, *, engine_kwargs: Mapping[str, Any] | None = None,

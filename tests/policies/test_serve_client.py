@@ -1,3 +1,4 @@
+import argparse
 import os
 import signal
 import threading
@@ -8,6 +9,7 @@ import requests
 import torch
 from policy_helpers import cached_tiny, random_prompts, right_padded, start_server, stop_server
 
+from compactrl.cli import main as cli_main
 from compactrl.policies.openai_client import (
     OpenAICompletionsPolicy,
     ServerResponseError,
@@ -15,7 +17,7 @@ from compactrl.policies.openai_client import (
     completion_payload,
     parse_choice,
 )
-from compactrl.policies.serve import ServeConfig, make_server
+from compactrl.policies.serve import ServeConfig, load_policy, make_server
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
 from compactrl.types import PolicyRequest, TokenResponse
@@ -165,6 +167,24 @@ def test_payload_and_choice_parsing_are_pure():
         parse_choice({"logprobs": {"tokens": ["abc"], "token_logprobs": [-1.0]}}, [2])
     with pytest.raises(ServerResponseError, match="logprobs"):
         parse_choice({"text": "x", "logprobs": None}, [2])
+
+
+def test_serve_loads_a_saved_model_directory(tokenizer, tmp_path):
+    TransformersPolicy(cached_tiny("mixtral"), tokenizer).save_pretrained(tmp_path)
+    args = argparse.Namespace(model=str(tmp_path), tiny=None, tokenizer=None, seed=0, dtype="float32")
+    policy, name = load_policy(args)
+    assert name == tmp_path.name and policy.stop_token_ids == [0, 2]
+    state = cached_tiny("mixtral").state_dict()
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in state.items())
+    with pytest.raises(ValueError, match="--model"):
+        load_policy(argparse.Namespace(**{**vars(args), "model": str(tmp_path / "missing")}))
+
+
+def test_cli_help_lists_serve_options(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--tiny" in out and "--logprobs-mode" in out and "--max-batch-size" in out
 
 
 # -- a real `compactrl serve` process ---------------------------------------------------------------

@@ -93,6 +93,8 @@ def test_parse_completion_output():
 def test_missing_vllm_is_a_clear_import_error(tokenizer):
     with pytest.raises(ImportError, match=r"compactrl\[vllm\]"):
         VLLMPolicy("/nonexistent", tokenizer)
+    with pytest.raises(ImportError, match=r"compactrl\[vllm\]"):
+        VLLMPolicy("/nonexistent")  # before any attempt to read the model directory
 
 
 class _CheckpointLoader:
