@@ -1,0 +1,37 @@
+"""Algorithms: GAE (flat and across traces), critic PPO and GRPO losses, packing, the training loop.
+
+Names resolve lazily (one line per name below), so that importing a light module such as
+``compactrl.algos.config`` does not import torchrl.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "gae": "compactrl.algos.gae",
+    "gae_loop": "compactrl.algos.gae",
+    "trace_gae": "compactrl.algos.gae",
+    "length_adaptive_lambda": "compactrl.algos.gae",
+    "PolicyLossConfig": "compactrl.algos.losses",
+    "CriticPPOConfig": "compactrl.algos.losses",
+    "GRPOConfig": "compactrl.algos.losses",
+    "CriticPPOLoss": "compactrl.algos.losses",
+    "GRPOLoss": "compactrl.algos.losses",
+    "loss_mask": "compactrl.algos.losses",
+    "add_loss_normalizers": "compactrl.algos.losses",
+    "grpo_advantage": "compactrl.algos.losses",
+    "whiten_advantages": "compactrl.algos.losses",
+    "pack_rows": "compactrl.algos.packing",
+    "micro_batches": "compactrl.algos.packing",
+    "padding_share": "compactrl.algos.packing",
+    "PaddingReport": "compactrl.algos.packing",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'compactrl.algos' has no attribute {name!r}")

@@ -95,17 +95,23 @@ def episode_stream(batch, episode_id: int):
 
 
 class TinyActor(nn.Module):
-    """Embedding + GRU + linear head with the actor protocol ``log_prob(tokens, mask) -> (logp, entropy)``."""
+    """A small causal LM with the actor protocol ``log_prob(tokens, mask) -> (logp, entropy)``.
+
+    Embedding, then a causal running mean of the embeddings mixed by a linear layer (cheap on CPU,
+    every position sees only its prefix), then a vocabulary head.
+    """
 
     def __init__(self, vocab: int = 50, dim: int = 16, seed: int = 0):
         super().__init__()
         torch.manual_seed(seed)
         self.emb = nn.Embedding(vocab, dim)
-        self.rnn = nn.GRU(dim, dim, batch_first=True)
+        self.mix = nn.Linear(2 * dim, dim)
         self.head = nn.Linear(dim, vocab)
 
     def _hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.rnn(self.emb(tokens))[0]
+        e = self.emb(tokens)
+        steps = torch.arange(1, tokens.shape[1] + 1, device=tokens.device)[None, :, None]
+        return torch.tanh(self.mix(torch.cat([e, e.cumsum(1) / steps], -1)))
 
     def log_prob(self, tokens: torch.Tensor, attention_mask: torch.Tensor):
         logits = self.head(self._hidden(tokens))[:, :-1].float()

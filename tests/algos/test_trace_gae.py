@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from algos_helpers import batch_with_values, episode_stream, random_episodes
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from compactrl.algos.gae import gae, length_adaptive_lambda, trace_gae
@@ -23,7 +23,6 @@ def _terminated(batch, e: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=25)
 @given(
     seed=seeds,
     gamma=unit,
@@ -56,7 +55,6 @@ def test_bootstrap_equals_gae_on_hand_concatenated_stream(seed, gamma, lmbda, st
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=25)
 @given(seed=seeds, gamma=unit, lmbda=unit)
 def test_cut_equals_gae_per_trace_with_episode_reward_at_its_end(seed, gamma, lmbda):
     batch = batch_with_values(random_episodes(seed, step_rewards=True), seed)
@@ -92,7 +90,6 @@ def _summary_rows(batch):
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=25)
 @given(
     seed=seeds,
     gamma=st.floats(0.5, 1.0),
@@ -125,7 +122,6 @@ def test_next_trace_value_reaches_the_summary_only_with_bootstrap(seed, gamma, l
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=25)
 @given(seed=seeds)
 def test_bootstrap_equals_cut_at_gamma_lambda_one_with_outcome_reward(seed):
     """With gamma = lambda = 1 and one outcome reward at the episode's end, A_t = R - V_t either way:
@@ -154,7 +150,6 @@ def test_bootstrap_and_cut_differ_below_lambda_one():
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=25)
 @given(seed=seeds, alpha=st.floats(0.01, 2.0))
 def test_length_adaptive_lambda_uses_episode_length(seed, alpha):
     batch = batch_with_values(random_episodes(seed, truncated_share=0.0), seed)
@@ -172,7 +167,6 @@ def test_length_adaptive_lambda_uses_episode_length(seed, alpha):
 
 
 @pytest.mark.timeout(60)
-@settings(max_examples=25)
 @given(seed=seeds, boundary=st.sampled_from(["bootstrap", "cut"]))
 def test_row_order_does_not_matter(seed, boundary):
     batch = batch_with_values(random_episodes(seed, n_episodes=4), seed)

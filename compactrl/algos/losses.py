@@ -1,0 +1,315 @@
+"""Critic PPO and GRPO losses over trace batches (TorchRL ``LossModule`` subclasses).
+
+Both read a trace batch (``compactrl.collectors.batch``) with an ``advantage`` entry and return a
+``TensorDict`` of ``loss_*`` terms (sum them for ``backward``) plus detached diagnostics.
+
+Normalisation is per token over the *whole* batch: each term is a sum over the loss tokens of the
+(micro-)batch divided by the number of loss tokens of the full batch. Call
+:func:`add_loss_normalizers` on the full batch before splitting it; the counts then travel with
+every row, so gradients accumulated over any split equal the full batch's gradient. Without those
+entries the (micro-)batch normalises by its own counts.
+
+The actor exposes ``log_prob(tokens, attention_mask) -> (logp, entropy)`` and the critic
+``value(tokens, attention_mask) -> value``, all ``[N, L]`` and aligned with ``tokens``
+(``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+from torchrl.objectives import LossModule
+
+__all__ = [
+    "PolicyLossConfig",
+    "CriticPPOConfig",
+    "GRPOConfig",
+    "CriticPPOLoss",
+    "GRPOLoss",
+    "loss_mask",
+    "add_loss_normalizers",
+    "grpo_advantage",
+    "whiten_advantages",
+]
+
+
+def _check(ok: bool, name: str, expected: str, got) -> None:
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {got!r}")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Options of the clipped policy objective shared by critic PPO and GRPO."""
+
+    clip_eps_low: float = 0.2
+    """Lower ratio clip: the ratio is kept above ``1 - clip_eps_low``."""
+    clip_eps_high: float = 0.2
+    """Upper ratio clip: the ratio is kept below ``1 + clip_eps_high`` (DAPO's clip-higher when larger)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (``loss_entropy = -entropy_coef * entropy``); 0 leaves the term out."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty towards the log-probs at ``kl_ref_key``; 0 leaves the term out."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """KL estimator per token: ``k1 = logp - ref`` or ``k3 = exp(ref - logp) - (ref - logp) - 1`` (>= 0)."""
+    kl_ref_key: str = "ref_log_prob"
+    """Entry holding the reference log-probs (a frozen reference model, or ``sample_log_prob``)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: when the batch has ``old_log_prob`` (the trainer's own
+    log-probs) beside ``sample_log_prob`` (another engine's), weight each token by
+    ``min(exp(old - sample), tis_cap)``; None disables it."""
+    train_summaries: bool = True
+    """Keep summary tokens in the policy loss; False masks them out (the critic still learns them)."""
+    normalization: Literal["token", "trace"] = "token"
+    """``token``: sum over loss tokens / loss tokens of the whole batch. ``trace``: every trace's mean
+    over its tokens, summed / traces of the whole batch (the original GRPO weighting)."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.clip_eps_low < 1, "clip_eps_low", "a value in (0, 1)", self.clip_eps_low)
+        _check(self.clip_eps_high > 0, "clip_eps_high", "> 0", self.clip_eps_high)
+        for name in ("entropy_coef", "kl_coef"):
+            _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
+        _check(self.kl_estimator in ("k1", "k3"), "kl_estimator", "'k1' or 'k3'", self.kl_estimator)
+        _check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", "None or > 0", self.tis_cap)
+        _check(
+            self.normalization in ("token", "trace"),
+            "normalization",
+            "'token' or 'trace'",
+            self.normalization,
+        )
+
+
+@dataclass(frozen=True)
+class CriticPPOConfig(PolicyLossConfig):
+    """Critic PPO: the policy options plus the value loss."""
+
+    value_clip_eps: float | None = 0.2
+    """Clip of the new value around the rollout's ``value`` (PPO2 value clipping); None disables it."""
+    critic_coef: float = 1.0
+    """Weight of ``loss_critic = critic_coef * 0.5 * mean (V - value_target)^2`` (per policy token)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(
+            self.value_clip_eps is None or self.value_clip_eps > 0,
+            "value_clip_eps",
+            "None or > 0",
+            self.value_clip_eps,
+        )
+        _check(self.critic_coef >= 0, "critic_coef", ">= 0", self.critic_coef)
+
+
+@dataclass(frozen=True)
+class GRPOConfig(PolicyLossConfig):
+    """GRPO: the policy options plus how the group-relative advantage is formed."""
+
+    scale_by_std: bool = True
+    """Divide by the group's reward std (GRPO); False keeps only the mean baseline (Dr. GRPO)."""
+    eps: float = 1e-6
+    """Added to the group std before dividing."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.eps >= 0, "eps", ">= 0", self.eps)
+
+
+# -- masks, normalisers and advantages (pure functions over trace batches) ----------------------------
+
+
+def loss_mask(batch: TensorDictBase, *, train_summaries: bool = True) -> torch.Tensor:
+    """Tokens the policy loss covers: policy tokens, minus summary tokens unless ``train_summaries``."""
+    mask = batch["policy_mask"]
+    if "attention_mask" in batch.keys():
+        mask = mask & batch["attention_mask"]
+    if not train_summaries:
+        mask = mask & ~batch["summary_mask"]
+    return mask
+
+
+def add_loss_normalizers(batch: TensorDictBase, *, train_summaries: bool = True) -> TensorDictBase:
+    """Write the whole batch's ``num_loss_tokens``, ``num_loss_traces`` and ``num_value_tokens``.
+
+    Each is an ``[N]`` int64 entry repeating the same count, so it survives any row split.
+    """
+    mask = loss_mask(batch, train_summaries=train_summaries)
+    value_mask = loss_mask(batch, train_summaries=True)
+    n = batch.shape[0]
+    for key, count in (
+        ("num_loss_tokens", mask.sum()),
+        ("num_loss_traces", mask.any(-1).sum()),
+        ("num_value_tokens", value_mask.sum()),
+    ):
+        batch.set(key, count.to(torch.int64).expand(n).clone())
+    return batch
+
+
+def _count(td: TensorDictBase, key: str, fallback: torch.Tensor) -> torch.Tensor:
+    if key in td.keys():
+        return td[key][0].to(torch.float32).clamp(min=1)
+    return fallback.sum().to(torch.float32).clamp(min=1)
+
+
+def grpo_advantage(batch: TensorDictBase, *, scale_by_std: bool = True, eps: float = 1e-6) -> TensorDictBase:
+    """Group-relative outcome advantage, broadcast to every policy token of every trace.
+
+    Each episode (not each trace) counts once in its group (``group_id``): ``A = (R - mean_g R)``,
+    divided by the group's unbiased std plus ``eps`` when ``scale_by_std``. A group of one episode
+    gets advantage 0. Writes ``advantage`` ([N, L] float32, 0 off policy tokens).
+    """
+    episode, group = batch["episode_id"], batch["group_id"]
+    ep_ids, row_ep = torch.unique(episode, return_inverse=True)
+    reward = torch.zeros(ep_ids.numel(), dtype=torch.float64).index_put_(
+        (row_ep,), batch["episode_reward"].to(torch.float64)
+    )
+    ep_group = torch.zeros(ep_ids.numel(), dtype=torch.long).index_put_((row_ep,), group)
+    g_ids, ep_g = torch.unique(ep_group, return_inverse=True)
+    size = torch.zeros(g_ids.numel(), dtype=torch.float64).index_add_(0, ep_g, torch.ones_like(reward))
+    mean = torch.zeros_like(size).index_add_(0, ep_g, reward) / size
+    centred = reward - mean[ep_g]
+    adv = centred
+    if scale_by_std:
+        var = torch.zeros_like(size).index_add_(0, ep_g, centred**2) / (size - 1).clamp(min=1)
+        adv = centred / (var.sqrt()[ep_g] + eps)
+    adv = torch.where(size[ep_g] > 1, adv, torch.zeros_like(adv))
+    per_row = adv[row_ep].to(torch.float32)
+    batch.set("advantage", per_row[:, None] * batch["policy_mask"].to(torch.float32))
+    return batch
+
+
+def whiten_advantages(batch: TensorDictBase, *, eps: float = 1e-8, mask: torch.Tensor | None = None):
+    """Shift and scale ``advantage`` to mean 0, std 1 over ``mask`` (default: policy tokens) of the batch.
+
+    Whiten the whole batch before splitting it: statistics of a micro-batch would break the
+    equivalence of micro-batching.
+    """
+    mask = batch["policy_mask"] if mask is None else mask
+    adv = batch["advantage"]
+    sel = adv[mask].to(torch.float64)
+    if sel.numel() < 2:
+        return batch
+    white = (adv - sel.mean().to(adv.dtype)) / (sel.std().to(adv.dtype) + eps)
+    batch.set("advantage", torch.where(mask, white, torch.zeros_like(adv)))
+    return batch
+
+
+# -- the losses --------------------------------------------------------------------------------------
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (_masked(x, mask).sum() / mask.sum().clamp(min=1)).detach()
+
+
+class _PolicyLoss(LossModule):
+    """The clipped policy objective with entropy, KL and truncated-IS options."""
+
+    def __init__(self, actor: nn.Module, config: PolicyLossConfig):
+        super().__init__()
+        self.actor = actor
+        self.config = config
+
+    def _reduce(self, x: torch.Tensor, mask: torch.Tensor, td: TensorDictBase) -> torch.Tensor:
+        if self.config.normalization == "token":
+            return _masked(x, mask).sum() / _count(td, "num_loss_tokens", mask)
+        per_trace = _masked(x, mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_trace.sum() / _count(td, "num_loss_traces", mask.any(-1))
+
+    def actor_loss(self, td: TensorDictBase) -> TensorDict:
+        """``loss_objective`` (+ ``loss_entropy``, ``loss_kl``) and policy diagnostics."""
+        cfg = self.config
+        mask = loss_mask(td, train_summaries=cfg.train_summaries)
+        logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"])
+        logp, entropy = logp.float(), entropy.float()
+        sample = td["sample_log_prob"].float()
+        old = td["old_log_prob"].float() if "old_log_prob" in td.keys() else sample
+        log_ratio = _masked(logp - old, mask)
+        ratio = log_ratio.exp()
+        adv = td["advantage"].float()
+        clipped = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+        per_token = -torch.minimum(ratio * adv, clipped * adv)
+        out = {}
+        if cfg.tis_cap is not None:
+            weight = _masked(old - sample, mask).exp().clamp(max=cfg.tis_cap).detach()
+            per_token = per_token * weight
+            out["tis_weight_mean"] = _mean(weight, mask)
+            out["tis_clip_fraction"] = _mean((old - sample).exp().ge(cfg.tis_cap).float(), mask)
+        out["loss_objective"] = self._reduce(per_token, mask, td)
+        if cfg.entropy_coef > 0:
+            out["loss_entropy"] = -cfg.entropy_coef * self._reduce(entropy, mask, td)
+        if cfg.kl_coef > 0:
+            diff = _masked(td[cfg.kl_ref_key].float() - logp, mask)
+            kl = -diff if cfg.kl_estimator == "k1" else diff.exp() - diff - 1
+            out["loss_kl"] = cfg.kl_coef * self._reduce(kl, mask, td)
+            out["kl_to_ref"] = _mean(kl, mask)
+        with torch.no_grad():
+            hit = (adv > 0) & (ratio > 1 + cfg.clip_eps_high) | (adv < 0) & (ratio < 1 - cfg.clip_eps_low)
+            out["clip_fraction"] = _mean(hit.float(), mask)
+            out["approx_kl"] = _mean(ratio - 1 - log_ratio, mask)
+            out["entropy"] = _mean(entropy, mask)
+            out["ratio_mean"] = _mean(ratio, mask)
+            out["num_loss_tokens_micro"] = mask.sum().float()
+        return TensorDict(out, batch_size=[])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        return self.actor_loss(tensordict)
+
+
+class CriticPPOLoss(_PolicyLoss):
+    """Critic PPO over trace batches: clipped token ratio, clipped value loss, entropy/KL/TIS options.
+
+    Needs ``advantage``, ``value`` (the rollout critic's values) and ``value_target`` (from
+    :func:`compactrl.algos.gae.trace_gae`). ``forward`` returns ``loss_objective``,
+    ``loss_critic`` and the optional ``loss_entropy`` / ``loss_kl``; :meth:`actor_loss` and
+    :meth:`critic_loss` compute either half alone (critic warm-up, separate optimisers).
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, config: CriticPPOConfig | None = None):
+        super().__init__(actor, config or CriticPPOConfig())
+        self.critic = critic
+
+    def critic_loss(self, td: TensorDictBase) -> TensorDict:
+        """``loss_critic`` over every policy token, with value diagnostics."""
+        cfg = self.config
+        mask = loss_mask(td, train_summaries=True)
+        values = self.critic.value(td["tokens"], td["attention_mask"]).float()
+        old, target = td["value"].float(), td["value_target"].float()
+        err = (values - target) ** 2
+        out = {}
+        if cfg.value_clip_eps is not None:
+            v_clip = old + (values - old).clamp(-cfg.value_clip_eps, cfg.value_clip_eps)
+            err = torch.maximum(err, (v_clip - target) ** 2)
+            out["value_clip_fraction"] = _mean(((values - old).abs() > cfg.value_clip_eps).float(), mask)
+        denom = _count(td, "num_value_tokens", mask)
+        out["loss_critic"] = cfg.critic_coef * 0.5 * _masked(err, mask).sum() / denom
+        with torch.no_grad():
+            t_sel, resid = target[mask], (target - values)[mask]
+            var_t = t_sel.var() if t_sel.numel() > 1 else torch.zeros(())
+            out["explained_variance"] = (1 - resid.var() / var_t) if var_t > 0 else torch.zeros(())
+            out["value_mean"] = _mean(values, mask)
+        return TensorDict(out, batch_size=[])
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDict:
+        out = self.actor_loss(tensordict)
+        out.update(self.critic_loss(tensordict))
+        return out
+
+
+class GRPOLoss(_PolicyLoss):
+    """GRPO baseline over trace batches: the same clipped objective and options, no critic.
+
+    The advantage comes from :func:`grpo_advantage` (or :meth:`compute_advantage`) on the whole
+    batch before it is split, so that group statistics do not depend on the split.
+    """
+
+    def __init__(self, actor: nn.Module, config: GRPOConfig | None = None):
+        super().__init__(actor, config or GRPOConfig())
+
+    def compute_advantage(self, batch: TensorDictBase) -> TensorDictBase:
+        return grpo_advantage(batch, scale_by_std=self.config.scale_by_std, eps=self.config.eps)
