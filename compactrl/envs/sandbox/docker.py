@@ -47,7 +47,7 @@ LABEL = "compactrl.sandbox"
 """Label on every container this backend creates; ``compactrl.owner`` holds ``host:pid``."""
 DEFAULT_IMAGE = "compactrl-sandbox:latest"
 _GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink in the engines' stat header
-_ENV = {"LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
+_ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 # The driver of one command (argv: $1 = timeout, $2 = command, $3 = end marker): run it under
 # timeout in an empty environment that ENV_FILE restores, kill what it left, report the code. The
@@ -292,7 +292,9 @@ class DockerSandbox:
             image=self.image, entrypoint=["/bin/sh", "-c", _INIT], command=[], detach=True,
             network_mode="none", network_disabled=True, mem_limit=cfg.memory_bytes,
             memswap_limit=cfg.memory_bytes, nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.max_processes,
-            read_only=read_only, tmpfs=tmpfs, working_dir=self._workdir, environment=dict(_ENV),
+            read_only=read_only, tmpfs=tmpfs, working_dir=self._workdir,
+            # HOME as the sim's shell has it, unless the image's own setup may depend on its HOME
+            environment={**_ENV, **({} if in_image else {"HOME": self._workdir})},
             labels={LABEL: "1", "compactrl.owner": f"{socket.gethostname()}:{os.getpid()}",
                     "compactrl.task": str(self.task.id)[:200] if self.task else ""},
             security_opt=["no-new-privileges"], hostname="sandbox",

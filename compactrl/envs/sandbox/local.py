@@ -282,7 +282,8 @@ class LocalSandbox:
     def _env(self) -> dict[str, str]:
         return {
             "PATH": f"{_BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": "/tmp", "LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
+            # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
+            "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             **({} if self.config.pytest_plugin_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}),
         }
