@@ -116,7 +116,7 @@ def patch_targets(diff: str) -> list[str]:
     return out
 
 
-def test_directives(test_patch: str) -> list[str]:
+def get_test_directives(test_patch: str) -> list[str]:
     """SWE-bench's test directives for pytest repositories: touched files minus non-test ones."""
     return [p for p in patch_targets(test_patch) if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
 
@@ -239,7 +239,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig) -> Task:
         raise SWEBenchError(f"{row.get('instance_id', '<no instance_id>')}: missing or empty field(s) {missing}")
     iid, repo, base = row["instance_id"], row["repo"], row["base_commit"]
     f2p, p2p = _test_list(row, "FAIL_TO_PASS"), _test_list(row, "PASS_TO_PASS")
-    tests = test_directives(row["test_patch"])
+    tests = get_test_directives(row["test_patch"])
     if not tests:
         raise SWEBenchError(f"{iid}: test_patch touches no test file")
     setup = tuple(config.setup) + tuple(config.setup_by_repo.get(repo, ()))

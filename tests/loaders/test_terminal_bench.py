@@ -1,0 +1,101 @@
+"""The Terminal-Bench loader: task.yaml fields, hidden tests, the solution; gold succeeds and noop
+fails on the real backends; the CLI's JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from loader_helpers import FIXTURES, TB_TASK
+
+from compactrl.cli import main
+from compactrl.envs.loaders import load_tasks
+from compactrl.envs.loaders.terminal_bench import (
+    TESTS_DIR,
+    TerminalBenchConfig,
+    TerminalBenchError,
+    load_task_dir,
+    load_terminal_bench,
+)
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+from compactrl.task_eval import run_task
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_folder_becomes_a_task() -> None:
+    task = load_task_dir(TB_TASK)
+    assert (task.id, task.kind, task.source) == ("count-errors", "terminal", "terminal-bench")
+    assert task.instruction.startswith("The directory /app/logs holds one log file per service")
+    assert task.time_limit_s == 300.0 and task.check.timeout_s == 60.0
+    assert sorted(task.files) == ["logs/api.log", "logs/billing.log", "logs/db.log", "logs/worker.log"]
+    assert sorted(task.check.hidden_files) == [f"{TESTS_DIR}/run-tests.sh", f"{TESTS_DIR}/test_outputs.py"]
+    assert task.check.kind == "pytest" and task.check.must_pass == ()
+    assert task.check.command == f'TEST_DIR="$PWD/{TESTS_DIR}" python3 -m pytest -rA -p no:cacheprovider {TESTS_DIR}'
+    assert task.metadata["workdir"] == "/app"  # the Dockerfile's WORKDIR
+    assert "grep -c ' ERROR '" in task.metadata["solution_sh"]
+    assert task.metadata["terminal_bench"]["difficulty"] == "easy"
+
+
+def test_options_and_folder_of_folders() -> None:
+    cfg = TerminalBenchConfig(use_run_tests=True, use_dockerfile_workdir=False, image="tb:latest", python="py3")
+    [task] = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg)
+    assert task.check.command == f'TEST_DIR="$PWD/{TESTS_DIR}" bash {TESTS_DIR}/run-tests.sh'
+    assert "workdir" not in task.metadata and task.docker_image == "tb:latest"
+    assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == ["count-errors"]
+
+
+def _copy(tmp_path) -> str:
+    dest = str(tmp_path / "task")
+    shutil.copytree(TB_TASK, dest)
+    return dest
+
+
+def test_solution_yaml_is_read(tmp_path) -> None:
+    folder = _copy(tmp_path)
+    os.remove(os.path.join(folder, "solution.sh"))
+    with open(os.path.join(folder, "solution.yaml"), "w") as fh:
+        fh.write("- command: echo one > report.txt\n  min_timeout_sec: 1\n- command: cat report.txt\n")
+    assert load_task_dir(folder).metadata["solution_sh"] == "echo one > report.txt\ncat report.txt\n"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: os.remove(os.path.join(d, "task.yaml")), "no task.yaml"),
+    (lambda d: shutil.rmtree(os.path.join(d, "tests")), "no tests/"),
+    (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: ''\n"), "non-empty string 'instruction'"),
+    (lambda d: open(os.path.join(d, "task.yaml"), "a").write("parser_name: swebench\n"), "parser_name"),
+    (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: x\nmax_test_timeout_sec: soon\n"),
+     "max_test_timeout_sec must be a number"),
+])
+def test_bad_folders_raise_clear_errors(tmp_path, edit, message: str) -> None:
+    folder = _copy(tmp_path)
+    edit(folder)
+    with pytest.raises(TerminalBenchError, match=message):
+        load_task_dir(folder)
+
+
+def test_gold_succeeds_and_noop_fails(backend: str) -> None:
+    task = load_task_dir(TB_TASK)
+    gold = run_task(task, GoldPolicy(), backend)
+    assert gold["success"] and gold["test_summary"].startswith("Tests: 3 passed, 0 failed"), gold
+    noop = run_task(task, NoopPolicy(), backend)
+    assert not noop["success"] and "error" not in noop, noop
+    assert noop["test_summary"].startswith("Tests: 0 passed, 3 failed"), noop
+
+
+def test_eval_cli_prints_json_per_task_and_overall(capsys) -> None:
+    from loader_helpers import local_unavailable
+
+    if local_unavailable():
+        pytest.skip(local_unavailable())
+    assert main(["eval", "--tasks", TB_TASK, "--backend", "local", "--policy", "gold", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["overall"]["success_rate"] == 1.0 and out["overall"]["tasks"] == 1
+    assert out["overall"]["policy"] == "gold" and out["tasks"][0]["task_id"] == "count-errors"
+
+
+def test_eval_cli_rejects_a_bad_path() -> None:
+    with pytest.raises(SystemExit, match="--tasks"):
+        main(["eval", "--tasks", "/nonexistent/tasks.jsonl", "--policy", "noop"])
