@@ -67,16 +67,39 @@ def _pad_blocks(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _geometric(g: float, k: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w[s, t] = g^(s-t)`` for ``s >= t`` (one block of the recurrence as a matrix) and ``w[K-1]``.
+def _geometric(g: float, k: int, dtype: torch.dtype, device: str):
+    """``w[s, t] = g^(s-t)`` for ``s >= t`` (one block of the recurrence as a matrix), its first
+    column, and ``tail[t] = g^(k-t)`` (the weight of the next block's start at step ``t``).
 
     Powers are taken in float64 and rounded once, so ``g^k`` underflowing is harmless.
     """
-    steps = torch.arange(k, dtype=torch.float64)
+    steps = torch.arange(k + 1, dtype=torch.float64)
     lag = steps[:, None] - steps[None, :]
     w = torch.where(lag >= 0, torch.tensor(g, dtype=torch.float64) ** lag.clamp(min=0), 0.0)
     w = w.to(dtype=dtype, device=device)
-    return w, w[:, 0].contiguous()
+    return w[:k, :k].contiguous(), w[:k, 0].contiguous(), w[k, :k].contiguous()
+
+
+_SEGMENT_SOLVE_MAX = 1 << 21
+"""Most ``rows * K * K`` entries the masked-matrix solve of blocks with resets may build at once;
+beyond, the log-step scan (more torch calls, no K*K memory) takes over."""
+
+
+def _reset_blocks(x: torch.Tensor, g: float, reset: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact local solution and carry weight of blocks ``x [R, K]`` with resets (``reset [R, K]`` bool).
+
+    Inside a block, step ``s`` reaches step ``t <= s`` iff no reset lies in ``[t, s-1]``, i.e. both
+    have the same count of earlier resets: a masked copy of the block matrix, one batched GEMM.
+    """
+    rows, k = reset.shape
+    w, _, tail = _geometric(g, k, x.dtype, str(x.device))
+    if rows * k * k > _SEGMENT_SOLVE_MAX:
+        return _doubling(x, torch.from_numpy(np.where(reset, 0.0, g)).to(x.device, x.dtype))
+    before = np.concatenate([np.zeros((rows, 1), dtype=np.int64), np.cumsum(reset, 1)], 1)
+    same = torch.from_numpy(before[:, :k, None] == before[:, None, :k]).to(x.device)
+    local = torch.bmm(x[:, None, :], w * same).squeeze(1)
+    open_tail = torch.from_numpy(before[:, :k] == before[:, k:]).to(x.device)
+    return local, tail * open_tail
 
 
 def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
@@ -86,7 +109,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
     """
     n, k, dev = x.numel(), _BLOCK, x.device
     xb = _pad_blocks(x)
-    w, first_col = _geometric(g, k, x.dtype, str(dev))
+    w, first_col, _ = _geometric(g, k, x.dtype, str(dev))
     # The stream's own end needs no reset (only zero padding follows) and would force a re-solve.
     blk, off = np.divmod(resets[resets < n - 1], k)
     rows_np = np.unique(blk[off < k - 1])  # a reset at a block's last step only cuts the carry
@@ -94,10 +117,10 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
     if rows_np.size:
         row_of = np.searchsorted(rows_np, blk).clip(max=rows_np.size - 1)
         mine = rows_np[row_of] == blk  # every reset of these rows, the block-end ones included
-        coef = np.full((rows_np.size, k), g)
-        coef[row_of[mine], off[mine]] = 0.0
+        reset = np.zeros((rows_np.size, k), dtype=bool)
+        reset[row_of[mine], off[mine]] = True
         rows = torch.from_numpy(rows_np).to(dev)
-        local, weight = _doubling(xb[rows], torch.from_numpy(coef).to(dev, x.dtype))
+        local, weight = _reset_blocks(xb[rows], g, reset)
     carry = None
     if xb.shape[0] > 1:
         first = xb @ first_col

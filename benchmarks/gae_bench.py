@@ -1,0 +1,219 @@
+"""GAE throughput: compactrl's blocked scan vs TorchRL vs per-step loops, side by side.
+
+    python benchmarks/gae_bench.py                 # T = 1e3 .. 1e6, both (gamma, lambda) settings
+    python benchmarks/gae_bench.py --sizes 1000 100000 --repeats 20 --threads 1
+
+One stream of T tokens (batch 1) with episode ends at random (1 in 10^4 tokens) and at the end.
+Every method gets the same inputs; the table shows tokens per second (best of ``--repeats`` runs,
+the machine is shared; the median is in ``--json``). Entries marked ``~`` were not run because
+the previous size predicts more than ``--cap`` seconds; they are extrapolated from the last two
+measured sizes (TorchRL's vectorised GAE costs O(T^2) when gamma * lambda is near 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torchrl.objectives.value.functional import (
+    generalized_advantage_estimate,
+    vec_generalized_advantage_estimate,
+)
+
+from compactrl.algos.gae import gae
+
+
+def make_stream(t: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    reward, value = torch.randn(t, generator=g), torch.randn(t, generator=g)
+    done = torch.rand(t, generator=g) < 1e-4
+    done[-1] = True
+    next_state = torch.cat([value[1:], value.new_zeros(1)]).masked_fill(done, 0.0)
+    return reward, value, done, next_state
+
+
+def python_loop(reward: list[float], value: list[float], done: list[bool], gamma: float, lmbda: float):
+    """The textbook per-step loop over Python floats."""
+    out, nxt = [0.0] * len(reward), 0.0
+    for t in range(len(reward) - 1, -1, -1):
+        end = done[t] or t == len(reward) - 1
+        nxt = reward[t] - value[t] + (0.0 if end else gamma * value[t + 1] + gamma * lmbda * nxt)
+        out[t] = nxt
+    return out
+
+
+def methods(gamma: float, lmbda: float) -> dict[str, Callable]:
+    def ours(r, v, d, ns, lists):
+        return gae(r, v, d, gamma=gamma, lmbda=lmbda)[0]
+
+    def trl_vec(r, v, d, ns, lists):
+        return vec_generalized_advantage_estimate(
+            gamma, lmbda, v[:, None], ns[:, None], r[:, None], d[:, None]
+        )[0]
+
+    def trl_loop(r, v, d, ns, lists):
+        return generalized_advantage_estimate(gamma, lmbda, v[:, None], ns[:, None], r[:, None], d[:, None])[
+            0
+        ]
+
+    def py_loop(r, v, d, ns, lists):
+        return python_loop(*lists, gamma, lmbda)
+
+    return {
+        "compactrl gae": ours,
+        "TorchRL vec_generalized_advantage_estimate": trl_vec,
+        "TorchRL generalized_advantage_estimate (loop)": trl_loop,
+        "Python per-step loop": py_loop,
+    }
+
+
+def time_it(fn: Callable, args, repeats: int, warm_up: bool):
+    out = fn(*args) if warm_up else None  # allocator, caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def run(sizes: list[int], settings: list[tuple[float, float]], repeats: int, cap: float) -> list[dict]:
+    rows = []
+    for gamma, lmbda in settings:
+        fns = methods(gamma, lmbda)
+        history: dict[str, list[tuple[int, float]]] = {name: [] for name in fns}
+        for t in sizes:
+            r, v, d, ns = make_stream(t)
+            args = (r, v, d, ns, (r.tolist(), v.tolist(), d.tolist()))
+            ours = fns["compactrl gae"](*args)
+            for name, fn in fns.items():
+                hist = history[name]
+                predicted = _extrapolate(hist, t)
+                if predicted is not None and predicted > cap:
+                    rows.append(
+                        dict(
+                            gamma=gamma,
+                            lmbda=lmbda,
+                            T=t,
+                            method=name,
+                            seconds=predicted,
+                            median=predicted,
+                            extrapolated=True,
+                            max_abs_diff=None,
+                        )
+                    )
+                    continue
+                reps = (
+                    repeats if predicted is None else int(min(repeats, max(1, cap // max(predicted, 1e-9))))
+                )
+                times, out = time_it(fn, args, reps, warm_up=predicted is None or predicted < 1.0)
+                best = min(times)
+                hist.append((t, best))
+                diff = None
+                if name != "compactrl gae":
+                    other = torch.as_tensor(out, dtype=torch.float64).reshape(-1)
+                    diff = float((other - ours.double()).abs().max())
+                rows.append(
+                    dict(
+                        gamma=gamma,
+                        lmbda=lmbda,
+                        T=t,
+                        method=name,
+                        seconds=best,
+                        median=statistics.median(times),
+                        extrapolated=False,
+                        max_abs_diff=diff,
+                    )
+                )
+                print(
+                    f"  gamma={gamma} lambda={lmbda} T={t:>8} {name:48s} {t / best:12.3e} tokens/s",
+                    file=sys.stderr,
+                )
+    return rows
+
+
+def _extrapolate(hist: list[tuple[int, float]], t: int) -> float | None:
+    if not hist:
+        return None
+    if len(hist) == 1:
+        (t1, s1), power = hist[-1], 1.0
+    else:
+        (t0, s0), (t1, s1) = hist[-2], hist[-1]
+        power = max(1.0, min(2.0, _log_ratio(s1, s0) / _log_ratio(t1, t0)))
+    return s1 * (t / t1) ** power
+
+
+def _log_ratio(a: float, b: float) -> float:
+    return math.log(max(a, 1e-9) / max(b, 1e-9))
+
+
+def table(rows: list[dict], sizes: list[int]) -> str:
+    lines = []
+    for gamma, lmbda in dict.fromkeys((r["gamma"], r["lmbda"]) for r in rows):
+        lines.append(f"\n(gamma, lambda) = ({gamma}, {lmbda}); tokens/s, best of the repeats\n")
+        lines.append("| method | " + " | ".join(f"T = {t:.0e}" for t in sizes) + " |")
+        lines.append("|---|" + "---:|" * len(sizes))
+        for name in dict.fromkeys(r["method"] for r in rows):
+            cells = []
+            for t in sizes:
+                hit = [
+                    r
+                    for r in rows
+                    if (r["gamma"], r["lmbda"], r["T"], r["method"]) == (gamma, lmbda, t, name)
+                ]
+                if not hit:
+                    cells.append("")
+                    continue
+                mark = "~" if hit[0]["extrapolated"] else ""
+                cells.append(f"{mark}{t / hit[0]['seconds']:.2e}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        speed = []
+        for t in sizes:
+            ours = [
+                r
+                for r in rows
+                if (r["gamma"], r["lmbda"], r["T"], r["method"]) == (gamma, lmbda, t, "compactrl gae")
+            ]
+            trl = [
+                r
+                for r in rows
+                if (r["gamma"], r["lmbda"], r["T"]) == (gamma, lmbda, t)
+                and r["method"].startswith("TorchRL vec")
+            ]
+            speed.append(f"{trl[0]['seconds'] / ours[0]['seconds']:.1f}x" if ours and trl else "")
+        lines.append("| speed-up vs TorchRL vec | " + " | ".join(speed) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--cap", type=float, default=30.0, help="seconds one call may be predicted to take")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--json", type=str, default=None, help="write every measurement to this file")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = [(0.99, 0.95), (1.0, 0.9999)]
+    rows = run(args.sizes, settings, args.repeats, args.cap)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; one stream, episode ends ~1/1e4 tokens"
+    )
+    print(table(rows, args.sizes))
+    worst = max((r["max_abs_diff"] or 0.0) for r in rows)
+    print(f"\nlargest |advantage difference| to any other method: {worst:.2e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
