@@ -24,7 +24,13 @@ MIRROR=${COMPACTRL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PY=.venv/bin/python
 log() { echo "ci_docker: $*" >&2; }
 
-run_tests() { "$PY" -m pytest -m "docker and not gpu" "$@"; }
+run_tests() {
+  "$PY" -m pytest -m "docker and not gpu" "$@"
+  local rc=$?
+  # 5 = nothing collected: the given paths hold no docker test (the main run checks for 5 itself)
+  if [[ $rc == 5 ]]; then log "no docker tests selected"; return 0; fi
+  return $rc
+}
 
 if [[ -n "${DOCKER_HOST:-}" ]]; then
   log "DOCKER_HOST=$DOCKER_HOST is set: using that engine as it is"
