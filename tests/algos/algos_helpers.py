@@ -132,3 +132,16 @@ class TinyCritic(TinyActor):
     def value(self, tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         v = self.value_head(self._hidden(tokens))[:, :-1, 0]  # value at t sees tokens[:t]
         return torch.cat([torch.zeros_like(v[:, :1]), v], 1)
+
+
+@torch.no_grad()
+def sample(actor: TinyActor, prompts: torch.Tensor, steps: int, generator: torch.Generator):
+    """Sample ``steps`` tokens after ``prompts [B, P]``; returns tokens [B, P + steps] and their log-probs."""
+    tokens, logps = prompts, []
+    for _ in range(steps):
+        logits = actor.head(actor._hidden(tokens))[:, -1]
+        dist = torch.log_softmax(logits, -1)
+        nxt = torch.multinomial(dist.exp(), 1, generator=generator)
+        logps.append(dist.gather(-1, nxt))
+        tokens = torch.cat([tokens, nxt], 1)
+    return tokens, torch.cat(logps, 1)

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 import torch
-from algos_helpers import TinyActor, TinyCritic, batch_with_values, random_episodes
+from algos_helpers import TinyActor, TinyCritic, batch_with_values, random_episodes, sample
 from hypothesis import given
 from hypothesis import strategies as st
 from torchrl.objectives import LossModule
@@ -231,3 +231,67 @@ def test_bad_configs_name_the_field():
         CriticPPOConfig(value_clip_eps=-1.0)
     with pytest.raises(ValueError, match="normalization"):
         GRPOConfig(normalization="sequence")
+
+
+def _toy_batch(actor, episodes: int, generator: torch.Generator, *, group: int = 1):
+    """Episodes of two traces of 4 sampled tokens each (the first ends with a 2-token 'summary');
+    the outcome reward, at the very end, is the share of sampled tokens equal to 7."""
+    from compactrl.collectors.batch import EpisodeMeta, stack_traces
+    from compactrl.types import Trace
+
+    out = []
+    for e in range(episodes):
+        traces, hits = [], 0
+        for i in range(2):
+            toks, logp = sample(actor, torch.tensor([[1 + i]]), 4, generator)
+            ids = toks[0].tolist()
+            hits += sum(t == 7 for t in ids[1:])
+            summary = [False, False, False, True, True] if i == 0 else [False] * 5
+            rewards = {4: hits / 8} if i == 1 else {}
+            traces.append(
+                Trace(
+                    ids,
+                    [False] + [True] * 4,
+                    summary,
+                    [float("nan")] + logp[0].tolist(),
+                    rewards,
+                    trace_index=i,
+                    episode_id=e,
+                    ends_with_summary=i == 0,
+                )
+            )
+        out.append((EpisodeMeta(episode_id=e, group_id=e // group, terminated=True, truncated=False), traces))
+    return stack_traces(out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_a_few_updates_raise_the_reward_of_a_toy_task(algo):
+    """Catches sign and masking errors that gradient-invariance cannot: learning must happen."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    actor, critic = TinyActor(seed=0), TinyCritic(seed=1)
+    params = list(actor.parameters()) + (list(critic.parameters()) if algo == "ppo" else [])
+    opt = torch.optim.Adam(params, lr=3e-2)
+    if algo == "ppo":
+        loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.0))
+    else:
+        loss = GRPOLoss(actor, GRPOConfig())
+    rewards = []
+    for _ in range(25):
+        batch = _toy_batch(actor, 16, gen, group=8)
+        rewards.append(float(batch["episode_reward"].mean()))
+        if algo == "ppo":
+            with torch.no_grad():
+                batch.set("value", critic.value(batch["tokens"], batch["attention_mask"]))
+            trace_gae(batch, gamma=1.0, lmbda=0.95)
+            whiten_advantages(batch)
+        else:
+            loss.compute_advantage(batch)
+        add_loss_normalizers(batch)
+        for _ in range(2):
+            opt.zero_grad()
+            out = loss(batch)
+            sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+            opt.step()
+    assert sum(rewards[:3]) / 3 < 0.1 and sum(rewards[-3:]) / 3 > 0.5, rewards
