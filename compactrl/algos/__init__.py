@@ -22,6 +22,8 @@ _EXPORTS = {
     "add_loss_normalizers": "compactrl.algos.losses",
     "grpo_advantage": "compactrl.algos.losses",
     "whiten_advantages": "compactrl.algos.losses",
+    "LossBundle": "compactrl.algos.losses",
+    "build_losses": "compactrl.algos.losses",
     "pack_rows": "compactrl.algos.packing",
     "micro_batches": "compactrl.algos.packing",
     "padding_share": "compactrl.algos.packing",

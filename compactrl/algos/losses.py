@@ -16,6 +16,7 @@ The actor exposes ``log_prob(tokens, attention_mask) -> (logp, entropy)`` and th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +35,8 @@ __all__ = [
     "add_loss_normalizers",
     "grpo_advantage",
     "whiten_advantages",
+    "LossBundle",
+    "build_losses",
 ]
 
 
@@ -313,3 +316,66 @@ class GRPOLoss(_PolicyLoss):
 
     def compute_advantage(self, batch: TensorDictBase) -> TensorDictBase:
         return grpo_advantage(batch, scale_by_std=self.config.scale_by_std, eps=self.config.eps)
+
+
+# -- the training loop's entry point ---------------------------------------------------------------
+
+
+@dataclass
+class LossBundle:
+    """What the training loop calls: ``advantages(batch)`` on the whole batch, then per micro-batch
+    ``actor(part, total_tokens)`` / ``critic(part, total_tokens)`` -> ``(loss, diagnostics)``, where
+    ``total_tokens`` is the loss-token count of the optimiser step's whole (mini)batch."""
+
+    module: CriticPPOLoss | GRPOLoss
+    advantages: Callable[[TensorDictBase], TensorDictBase]
+
+    def _run(self, fn, part: TensorDictBase, total_tokens: int, keys: tuple[str, ...]):
+        part = part.clone(False)
+        for key in keys:
+            part.set(key, torch.full((part.shape[0],), int(total_tokens), dtype=torch.int64))
+        out = fn(part)
+        loss = sum(v for k, v in out.items() if k.startswith("loss_"))
+        return loss, {k: float(v.detach()) for k, v in out.items()}
+
+    def actor(self, part: TensorDictBase, total_tokens: int):
+        return self._run(self.module.actor_loss, part, total_tokens, ("num_loss_tokens",))
+
+    def critic(self, part: TensorDictBase, total_tokens: int):
+        if not isinstance(self.module, CriticPPOLoss):
+            raise ValueError("GRPO has no critic loss")
+        return self._run(self.module.critic_loss, part, total_tokens, ("num_value_tokens",))
+
+
+def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
+    """Losses and advantage estimator for a trainer config (``compactrl.algos.config.RLConfig``).
+
+    Reads ``algo``, ``clip_epsilon``, ``value_clip`` (0 disables), ``entropy_coef``, ``kl_coef``
+    (k3 towards the sampling log-probs), ``train_summaries``, ``gamma``, ``lmbda``, ``boundary``
+    and ``whiten_advantages``.
+    """
+    from compactrl.algos.gae import trace_gae
+
+    common = dict(
+        clip_eps_low=rl.clip_epsilon,
+        clip_eps_high=rl.clip_epsilon,
+        entropy_coef=rl.entropy_coef,
+        kl_coef=rl.kl_coef,
+        kl_ref_key="sample_log_prob",
+        train_summaries=rl.train_summaries,
+    )
+    if rl.algo == "grpo":
+        module = GRPOLoss(policy, GRPOConfig(**common))
+        return LossBundle(module, module.compute_advantage)
+    if critic is None:
+        raise ValueError("rl.algo='ppo' needs a critic")
+    value_clip = rl.value_clip if rl.value_clip > 0 else None
+    module = CriticPPOLoss(policy, critic, CriticPPOConfig(**common, value_clip_eps=value_clip))
+
+    def advantages(batch: TensorDictBase) -> TensorDictBase:
+        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary)
+        if rl.whiten_advantages:
+            whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
+        return batch
+
+    return LossBundle(module, advantages)

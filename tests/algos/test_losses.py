@@ -295,3 +295,33 @@ def test_a_few_updates_raise_the_reward_of_a_toy_task(algo):
             sum(v for k, v in out.items() if k.startswith("loss_")).backward()
             opt.step()
     assert sum(rewards[:3]) / 3 < 0.1 and sum(rewards[-3:]) / 3 > 0.5, rewards
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_build_losses_from_the_trainer_config(algo):
+    from compactrl.algos.config import RLConfig
+    from compactrl.algos.losses import build_losses
+
+    rl = RLConfig(algo=algo, kl_coef=0.05, entropy_coef=0.01, train_summaries=False)
+    actor, critic = TinyActor(), TinyCritic()
+    batch = _rollout_batch(9, actor, critic, off_engine=False)
+    bundle = build_losses(rl, actor, critic if algo == "ppo" else None)
+    bundle.advantages(batch)
+    assert "advantage" in batch.keys() and float(batch["advantage"].abs().sum()) > 0
+    fns = [bundle.actor] + ([bundle.critic] if algo == "ppo" else [])
+    for fn in fns:
+        grads = []
+        for parts in ([batch], micro_batches(batch, 60)):
+            actor.zero_grad(), critic.zero_grad()
+            total = int(batch["policy_mask"].sum())
+            for part in parts:
+                loss, diag = fn(part, total)
+                loss.backward()
+                assert all(isinstance(v, float) for v in diag.values())
+            grads.append(
+                [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()] if p.grad is not None]
+            )
+        _assert_same(*grads)
+    with pytest.raises(ValueError, match="critic"):
+        build_losses(RLConfig(algo="ppo"), actor, None)
