@@ -24,7 +24,8 @@ from compactrl.envs.shell_sim import ShellEmulator
 WORDS = ["alpha", "beta", "gamma", "delta", "ERROR", "WARN", "INFO", "error", "disk", "cpu", "user",
          "x", "y", "foo", "bar", "baz", "42", "7", "100", "3.5", "-2", "0", "key", "value", "Alpha", "é"]
 DIRS = ["logs", "data", "conf", "src", "logs/old", "data/raw"]
-NAMES = ["a.txt", "b.log", "c.csv", "notes", "app.log", "x.conf", "readme.md", "z-1.txt", "B.txt"]
+NAMES = ["a.txt", "b.log", "c.csv", "notes", "app.log", "x.conf", "readme.md", "z-1.txt", "B.txt", "my file.txt",
+         "données.csv", "it's.log"]
 
 
 @dataclass
@@ -242,9 +243,87 @@ class CommandGen:
             return f"echo {self.word()} {self.rng.choice(['>', '>>'])} {self.rng.choice(['out.txt', f, 'nodir/o'])}"
         if r == 7:
             return f"rmdir {self.rng.choice(self.dirs + ['nope'])}" if self.dirs else "rmdir nope"
-        return f"{self.source()} | {self.filt()} > res.txt; cat res.txt"
+        # not a tree walk: real bash creates res.txt while the walk runs (a race, documented)
+        return f"{self.rng.choice([self.cat, self.grep, self.sort, self.cut, self.awk])()} | {self.filt()} > res.txt; cat res.txt"
+
+    def extra(self) -> str:
+        """Quoting, globs, redirections, here-documents, variables and less common options."""
+        f, g = self.file(), self.file()
+        w = self.word()
+        echo_glob = self.rng.choice(["*", "logs/*.log", "\\*", '"*"', "'*'", "*.{txt,log}"])
+        cases = [
+            f"cat {self.rng.choice(['*.txt', 'logs/*', '*/*.log', '[ab]*', '?.txt', '*.none', 'data/*.csv'])} 2>&1 | head -5",
+            f"echo {echo_glob}",
+            f"grep -c {w} {f} {g} 2>&1 >out.txt; cat out.txt",
+            f"grep {w} {f} > out.txt 2>&1; echo $?; cat out.txt",
+            f"sort {f} &> out.txt; wc -l < out.txt",
+            f"cat <<EOF > notes.md\n{w} $HOME ${{HOME}}x \\$HOME\nEOF\ncat notes.md",
+            f"cat <<'EOF'\n{w} $HOME\n\tTAB\nEOF",
+            f"cat <<-EOF\n\tindented {w}\n\tEOF",
+            f"grep -c a <<< '{w} a b'",
+            f"V='{w}  two'; echo $V; echo \"$V\"; echo ${{V}}",
+            "echo $'tab\\there' | cut -f2",
+            f"printf '%s|%5.2f|%x|%c\\n' {w} 3.14159 255 {w}",
+            f"printf '%d\\n' {self.rng.choice(['12', 'abc', '0x1f', '3.5', '-7'])}",
+            "echo 'a\"b' \"c'd\" e\\ f",
+            f"head -c {self.rng.randint(1, 30)} {f}",
+            f"tail -n {self.rng.randint(0, 5)} {f} {g}",
+            f"wc -w {f} {g}",
+            f"cut -c {self.rng.choice(['1', '2-4', '-3', '5-'])} {f}",
+            f"tr -s 'a-z' < {f}",
+            f"tr -d '[:digit:]' < {f} | head -3",
+            f"tr '[:upper:]' '[:lower:]' < {f} | sort -u | head -4",
+            f"sed -n '{self.rng.randint(1, 4)},{self.rng.choice(['$', '+2', '~4'])}p' {f}",
+            f"sed 's/[aeiou]/\\U&/g' {f}",
+            f"sed -e '/^$/d' -e 's/  */ /g' {f}",
+            f"sed '1!G;h;$!d' {f}",
+            f"sed -n '/{w}/{{=;p}}' {f}",
+            f"sed 's/{w}/[&]/2' {f}",
+            f"awk '{{n += NF}} END {{print n, NR}}' {f} {g}",
+            f"awk -v k={w} '$0 ~ k {{print FNR\": \"$1}}' {f}",
+            f"awk '{{gsub(/[0-9]+/, \"#\"); print}}' {f}",
+            f"awk '{{print substr($0, 3, 5) \"|\" length($1)}}' {f}",
+            f"awk -F, '{{n = split($0, a, \",\"); print n, a[1]}}' {f}",
+            f"awk 'NR == 2 {{ $1 = \"X\"; print; print NF }}' {f}",
+            f"awk '{{ printf \"%-6s|%4d|%6.2f\\n\", $1, NR, NR / 3 }}' {f}",
+            "awk 'BEGIN { x = 7; y = 2; print x / y, x % y, -x, x ^ y, int(-3.7) }'",
+            f"awk '$1 > 50' {f}",
+            f"awk 'length > 12 && !/ERROR/' {f}",
+            f"awk '/a/, /e/' {f}",
+            f"awk '{{ if (NF > 2) print \"big\"; else print \"small\" }}' {f}",
+            f"test -s {f} && echo nonempty",
+            f"[ {self.rng.randint(0, 9)} -lt {self.rng.randint(0, 9)} ] && echo lt || echo ge",
+            f"[ -n \"{w}\" -a -e {f} ]; echo $?",
+            f"[ {w} = {self.word()} ]; echo $?",
+            f"basename {f} .txt; dirname {f}",
+            f"seq {self.rng.randint(1, 5)} | tee copy.txt | wc -l; cat copy.txt",
+            "mkdir -p new/a/b && touch new/a/b/f && find new | sort && rmdir new/a/b",
+            f"cp {f} {g} 2>&1; ls",
+            f"mv {f} renamed.txt && ls; cat renamed.txt | head -2",
+            f"rm -r {self.rng.choice(self.dirs or ['x'])} && ls -R",
+            f"ls -a {self.rng.choice(self.dirs or ['.'])}",
+            f"cd {self.rng.choice(self.dirs or ['.'])} && ls && cd - && pwd",
+            f"grep -{self.rng.choice(['o', 'w', 'x', 'ow', 'c', 'vc', 'l', 'L', 'H', 'hn'])} -e {w} -e {self.word()} {f} {g}",
+            f"grep -F '{w}.' {f}; echo $?",
+            f"grep -E '^[A-Za-z]+ [0-9]+$' {f}",
+            f"grep '\\<{w[:3]}' {f}",
+            f"sort -t, -k2,2 -k1,1r {f}",
+            f"sort -n -k1,1 {f} | uniq -c",
+            f"sort -u -f {f}",
+            f"uniq -c {f} | sort -rn | head -3",
+            f"cat -n {f} | tail -2",
+            f"cat -E {f}",
+            f"echo {w} | sed 's/.*/&&/'; echo \"{w}\" | wc -c",
+            f"exit {self.rng.randint(0, 3)}; echo unreachable",
+            f"{self.rng.choice(['sort', 'head', 'cut', 'grep', 'sed', 'uniq', 'wc', 'tr', 'ls'])} --bogus",
+            f"{self.rng.choice(['sort -k', 'head -n', 'cut -f', 'grep -e', 'tail -c', 'sed -e'])}",
+        ]
+        return self.rng.choice(cases)
 
     def simple(self) -> str:
+        r = self.rng.random()
+        if r < 0.3:
+            return self.extra()
         r = self.rng.random()
         if r < 0.45:
             base = self.source()

@@ -29,12 +29,15 @@ class Opts:
 
 
 def getopt(name: str, args: list[str], spec: str, io: IO, *, long: dict[str, str] | None = None,
-           code: int = 1, usage: str = "", permute: bool = True) -> Opts:
+           code: int = 1, usage: str = "", permute: bool = True, help_text: str | None = None) -> Opts:
     """GNU ``getopt_long``: clustered short flags, ``-xVALUE``/``-x VALUE``, ``--`` and permutation.
 
     ``spec`` lists short flags, a ``:`` after one that takes a value. ``long`` maps long option
-    names (``"name"`` or ``"name="`` when it takes a value) to the short flag they mean.
+    names (``"name"`` or ``"name="`` when it takes a value) to the short flag they mean. On a bad
+    option the message is followed by ``usage`` and "Try '... --help'", or by the whole
+    ``help_text`` for tools that print their full usage (sed).
     """
+    fail_usage = (usage, help_text)
     takes = {c for i, c in enumerate(spec) if c != ":" and spec[i + 1:i + 2] == ":"}
     flags, operands = [], []
     i = 0
@@ -45,7 +48,7 @@ def getopt(name: str, args: list[str], spec: str, io: IO, *, long: dict[str, str
             operands.extend(args[i:])
             break
         if a.startswith("--") and long is not None:
-            i = _long_option(name, a, args, i, long, flags, io, code, usage)
+            i = _long_option(name, a, args, i, long, flags, io, code, fail_usage)
             continue
         if not a.startswith("-") or a == "-":
             operands.append(a)
@@ -57,12 +60,12 @@ def getopt(name: str, args: list[str], spec: str, io: IO, *, long: dict[str, str
         while k < len(a):
             c = a[k]
             if c not in spec or c == ":":
-                _fail(name, f"invalid option -- '{c}'", io, code, usage)
+                _fail(name, f"invalid option -- '{c}'", io, code, fail_usage)
             if c in takes:
                 value = a[k + 1:]
                 if not value:
                     if i >= len(args):
-                        _fail(name, f"option requires an argument -- '{c}'", io, code, usage)
+                        _fail(name, f"option requires an argument -- '{c}'", io, code, fail_usage)
                     value = args[i]
                     i += 1
                 flags.append((c, value))
@@ -93,10 +96,14 @@ def _long_option(name, a, args, i, long, flags, io, code, usage) -> int:
     return i
 
 
-def _fail(name: str, msg: str, io: IO, code: int, usage: str) -> None:
+def _fail(name: str, msg: str, io: IO, code: int, usage: tuple[str, str | None]) -> None:
+    short, full = usage
     io.err.write(f"{name}: {msg}\n")
-    if usage:
-        io.err.write(usage + "\n")
+    if full is not None:
+        io.err.write(full)
+        raise UsageError(code)
+    if short:
+        io.err.write(short + "\n")
     io.err.write(f"Try '{name} --help' for more information.\n")
     raise UsageError(code)
 

@@ -136,6 +136,8 @@ def cmd_tail(sh: Shell, args: list[str], io: IO) -> int:
         return 1
     mode = next((f for f, _ in reversed(o.flags) if f in "nc"), "n")
     count, sign = _count_arg("tail", mode, o.last(mode, "10") or "10", io)
+    if count == 0 and sign != "+":
+        return 0  # GNU tail does not even open the files (no headers, no errors)
 
     def take(text: str) -> str:
         if mode == "c":

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from compactrl.envs.shell_sim.common import getopt, read_input
 from compactrl.envs.shell_sim.fs import EISDIR, FsError
 from compactrl.envs.shell_sim.regex import RegexError, compile_posix
-from compactrl.envs.shell_sim.shell import IO, Shell, Sink
+from compactrl.envs.shell_sim.shell import IO, Shell, Sink, UsageError
+
+SED_USAGE = "Usage: sed [OPTION]... {script-only-if-no-other-script} [input-file]...\n\n  -n, --quiet, --silent\n                 suppress automatic printing of pattern space\n      --debug\n                 annotate program execution\n  -e script, --expression=script\n                 add the script to the commands to be executed\n  -f script-file, --file=script-file\n                 add the contents of script-file to the commands to be executed\n  --follow-symlinks\n                 follow symlinks when processing in place\n  -i[SUFFIX], --in-place[=SUFFIX]\n                 edit files in place (makes backup if SUFFIX supplied)\n  -l N, --line-length=N\n                 specify the desired line-wrap length for the `l' command\n  --posix\n                 disable all GNU extensions.\n  -E, -r, --regexp-extended\n                 use extended regular expressions in the script\n                 (for portability use POSIX -E).\n  -s, --separate\n                 consider files as separate rather than as a single,\n                 continuous long stream.\n      --sandbox\n                 operate in sandbox mode (disable e/r/w commands).\n  -u, --unbuffered\n                 load minimal amounts of data from the input files and flush\n                 the output buffers more often\n  -z, --null-data\n                 separate lines by NUL characters\n      --help     display this help and exit\n      --version  output version information and exit\n\nIf no -e, --expression, -f, or --file option is given, then the first\nnon-option argument is taken as the sed script to interpret.  All\nremaining arguments are names of input files; if no input files are\nspecified, then the standard input is read.\n\nGNU sed home page: <https://www.gnu.org/software/sed/>.\nGeneral help using GNU software: <https://www.gnu.org/gethelp/>.\n"
+"""What GNU sed 4.9 prints after a bad option (its ``--help`` text without the bug-report line)."""
 
 
 class SedError(Exception):
@@ -423,6 +426,7 @@ class _Machine:
         self.sh, self.cmds, self.quiet, self.out, self.inp = sh, cmds, quiet, out, inp
         self.line_no = 0
         self.hold = ""
+        self.hold_nl = True  # GNU: the hold space starts as an empty line *with* its newline
         self.wfiles: dict[str, _Output] = {}
         self.exit_code: int | None = None
 
@@ -468,8 +472,8 @@ class _Machine:
             c.active, c.end_line = a2.n > self.line_no, a2.n
         elif a2.kind == "plus":
             c.active, c.end_line = a2.n > 0, self.line_no + a2.n
-        elif a2.kind == "tilde":
-            end = self.line_no if a2.n <= 0 or self.line_no % a2.n == 0 else (self.line_no // a2.n + 1) * a2.n
+        elif a2.kind == "tilde":  # GNU: up to the next multiple of N after this line
+            end = self.line_no if a2.n <= 0 else self.line_no + a2.n - self.line_no % a2.n
             c.active, c.end_line = end > self.line_no, end
         elif a2.kind == "last":
             c.active = not self.inp.is_last()
@@ -548,15 +552,15 @@ class _Machine:
                 self.line_no += 1
                 ps = nxt if name == "n" else ps + "\n" + nxt
             elif name == "h":
-                self.hold = ps
+                self.hold, self.hold_nl = ps, nl
             elif name == "H":
-                self.hold += "\n" + ps
+                self.hold, self.hold_nl = self.hold + "\n" + ps, nl
             elif name == "g":
-                ps = self.hold
+                ps, nl = self.hold, self.hold_nl
             elif name == "G":
-                ps += "\n" + self.hold
+                ps, nl = ps + "\n" + self.hold, self.hold_nl
             elif name == "x":
-                ps, self.hold = self.hold, ps
+                ps, self.hold, nl, self.hold_nl = self.hold, ps, self.hold_nl, nl
             elif name in "btT":
                 jump = name == "b" or (name == "t" and tflag) or (name == "T" and not tflag)
                 if name in "tT":
@@ -613,8 +617,12 @@ def cmd_sed(sh: Shell, args: list[str], io: IO) -> int:
             rest.append("-" + (body[:k] or "") + "I") if body[:k] else rest.append("-I")
         else:
             rest.append(a)
-    o = getopt("sed", rest, "ne:f:ErIsuz", io, long={"quiet": "n", "silent": "n", "expression=": "e",
-                                                       "file=": "f", "regexp-extended": "E", "separate": "s"})
+    try:
+        o = getopt("sed", rest, "ne:f:ErIsuz", io, long={"quiet": "n", "silent": "n", "expression=": "e",
+                                                           "file=": "f", "regexp-extended": "E", "separate": "s"},
+                   help_text=SED_USAGE)
+    except UsageError:
+        return 1
     in_place = o.has("I")
     scripts = o.all("e")
     for f in o.all("f"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -227,7 +226,8 @@ class Shell:
         self.line = cmd.line
         argv: list[str] = []
         for w in cmd.words:
-            argv.extend(self.expand_word(w))
+            for part in brace_expand(w):
+                argv.extend(self.expand_word(part))
         io = IO(stdin, out, err)
         if not self.apply_redirects(cmd.redirects, io):
             return 1
@@ -456,5 +456,104 @@ class Shell:
         return out
 
 
-def split_path(path: str) -> tuple[str, str]:
-    return posixpath.split(path)
+# ===================================================================== brace expansion
+_Atom = tuple  # (text, quoted, var): one character of literal text, or a whole parameter part
+
+
+def _atoms(word: Word) -> list[_Atom]:
+    out: list[_Atom] = []
+    for p in word.parts:
+        if p.var:
+            out.append((p.text, p.quoted, True))
+        else:
+            out.extend((c, p.quoted, False) for c in p.text)
+    return out
+
+
+def _to_word(atoms: list[_Atom], raw: str) -> Word:
+    from compactrl.envs.shell_sim.parser import Part
+
+    parts: list[Part] = []
+    for text, quoted, var in atoms:
+        if var:
+            parts.append(Part(text, quoted, var=True))
+        elif parts and not parts[-1].var and parts[-1].quoted == quoted:
+            parts[-1] = Part(parts[-1].text + text, quoted)
+        else:
+            parts.append(Part(text, quoted))
+    return Word(parts, raw)
+
+
+def _is_brace(a: _Atom, ch: str) -> bool:
+    return a[0] == ch and not a[1] and not a[2]
+
+
+def _sequence(body: list[_Atom]) -> list[str] | None:
+    if any(q or v for _, q, v in body):
+        return None
+    text = "".join(t for t, _, _ in body)
+    m = re.fullmatch(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?", text)
+    if m:
+        a, b = int(m.group(1)), int(m.group(2))
+        step = abs(int(m.group(3))) if m.group(3) else 1
+        step = step or 1
+        width = max(len(m.group(1)), len(m.group(2))) if re.match(r"-?0\d", m.group(1)) or re.match(r"-?0\d", m.group(2)) else 0
+        values = range(a, b + 1, step) if a <= b else range(a, b - 1, -step)
+        if len(values) > 100_000:
+            return None
+        return [f"{v:0{width}d}" if width else str(v) for v in values]
+    m = re.fullmatch(r"([^\\])\.\.([^\\])(?:\.\.(-?\d+))?", text)
+    if m:
+        a, b = ord(m.group(1)), ord(m.group(2))
+        step = abs(int(m.group(3))) if m.group(3) else 1
+        step = step or 1
+        values = range(a, b + 1, step) if a <= b else range(a, b - 1, -step)
+        return [chr(v) for v in values]
+    return None
+
+
+def _expand_atoms(atoms: list[_Atom], depth: int = 0) -> list[list[_Atom]]:
+    if depth > 20:
+        return [atoms]
+    for i, a in enumerate(atoms):
+        if not _is_brace(a, "{") or (i > 0 and atoms[i - 1][0] == "$" and not atoms[i - 1][1]):
+            continue
+        level, commas, end = 0, [], None
+        for j in range(i + 1, len(atoms)):
+            if _is_brace(atoms[j], "{"):
+                level += 1
+            elif _is_brace(atoms[j], "}"):
+                if level == 0:
+                    end = j
+                    break
+                level -= 1
+            elif _is_brace(atoms[j], ",") and level == 0:
+                commas.append(j)
+        if end is None:
+            continue
+        pre, body, post = atoms[:i], atoms[i + 1:end], atoms[end + 1:]
+        if commas:
+            bounds = [i, *commas, end]
+            alts = [atoms[bounds[k] + 1:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        else:
+            seq = _sequence(body)
+            if seq is None:
+                continue
+            alts = [[(c, False, False) for c in item] for item in seq]
+        out: list[list[_Atom]] = []
+        for alt in alts:
+            out.extend(_expand_atoms(pre + alt + post, depth + 1))
+        return out
+    return [atoms]
+
+
+def brace_expand(word: Word) -> list[Word]:
+    """Bash brace expansion (``a{b,c}``, ``{1..5}``, ``{a..e..2}``) of an unquoted word."""
+    if "{" not in word.raw:
+        return [word]
+    results = _expand_atoms(_atoms(word))
+    if len(results) == 1:
+        return [word]
+    words = [_to_word(r, word.raw) for r in results]
+    # an alternative that leaves an empty unquoted word disappears, as in bash ("{a,}" -> "a")
+    return [w for w in words if any(p.text or p.quoted or p.var for p in w.parts)]

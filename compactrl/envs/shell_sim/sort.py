@@ -194,10 +194,11 @@ def cmd_sort(sh: Shell, args: list[str], io: IO) -> int:
             key.skip_start_blanks = key.skip_end_blanks = o.has("b")
     if not keys and (gflags or o.has("b")):
         keys = [Key(None, 0, None, 0, set(gflags) | ({"r"} if reverse else set()), o.has("b"), o.has("b"))]
+    # sort works on bytes: key offsets count bytes, and byte order is code point order in UTF-8
     lines: list[str] = []
     for path in o.operands or ["-"]:
         try:
-            lines.extend(split_lines(read_input(sh, io, path)))
+            lines.extend(split_lines(read_input(sh, io, path).encode("utf-8", "surrogateescape").decode("latin-1")))
         except FsError as exc:
             what = "read failed" if exc.strerror == EISDIR else "cannot read"
             io.err.write(f"sort: {what}: {path}: {exc.strerror}\n")
@@ -219,7 +220,7 @@ def cmd_sort(sh: Shell, args: list[str], io: IO) -> int:
     ordered = sorted(lines, key=functools.cmp_to_key(compare))
     if o.has("u"):
         ordered = [x for i, x in enumerate(ordered) if i == 0 or compare(ordered[i - 1], x) != 0]
-    text = join_lines(ordered)
+    text = join_lines(ordered).encode("latin-1").decode("utf-8", "replace")
     out = o.last("o")
     if out is not None:
         try:
@@ -236,6 +237,7 @@ def _check(lines: list[str], compare, unique: bool, name: str, io: IO) -> int:
     for i in range(1, len(lines)):
         d = compare(lines[i - 1], lines[i])
         if d > 0 or (unique and d == 0):
-            io.err.write(f"sort: {name}:{i + 1}: disorder: {lines[i]}\n")
+            shown = lines[i].encode("latin-1").decode("utf-8", "replace")
+            io.err.write(f"sort: {name}:{i + 1}: disorder: {shown}\n")
             return 1
     return 0
