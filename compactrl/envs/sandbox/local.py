@@ -185,16 +185,26 @@ def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def _ns_processes(ns: str) -> list[int]:
-    """Host pids of every process in the pid namespace ``ns`` (``"pid:[...]"``)."""
+    """Host pids of the live processes in the pid namespace ``ns`` (``"pid:[...]"``).
+
+    Zombies are left out: they are dead, and once their parent is gone only the host's init reaps
+    them, which some inits do only every few seconds.
+    """
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                if os.readlink(f"/proc/{entry}/ns/pid") == ns and not _is_zombie(entry):
                     pids.append(int(entry))
             except OSError:
                 continue
     return pids
+
+
+def _is_zombie(pid: str) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
 
 
 def _children(pid: int) -> list[int]:
