@@ -667,7 +667,7 @@ def _to_bytes_str(text: str) -> str:
 
 
 def _from_bytes_str(text: str) -> str:
-    return text.encode("latin-1").decode("utf-8", "replace")
+    return text.encode("latin-1").decode("utf-8", "surrogateescape")
 
 
 class Interp:

@@ -116,9 +116,9 @@ def cmd_head(sh: Shell, args: list[str], io: IO) -> int:
 
     def take(text: str) -> str:
         if mode == "c":
-            data = text.encode()
+            data = text.encode("utf-8", "surrogateescape")
             part = data[:max(len(data) - count, 0)] if sign == "-" else data[:count]
-            return part.decode(errors="replace")
+            return part.decode(errors="surrogateescape")
         pieces = _pieces(text)
         return "".join(pieces[:max(len(pieces) - count, 0)] if sign == "-" else pieces[:count])
 
@@ -141,9 +141,9 @@ def cmd_tail(sh: Shell, args: list[str], io: IO) -> int:
 
     def take(text: str) -> str:
         if mode == "c":
-            data = text.encode()
+            data = text.encode("utf-8", "surrogateescape")
             part = data[max(count - 1, 0):] if sign == "+" else (data[-count:] if count else b"")
-            return part.decode(errors="replace")
+            return part.decode(errors="surrogateescape")
         pieces = _pieces(text)
         if sign == "+":
             return "".join(pieces[max(count - 1, 0):])
@@ -158,11 +158,12 @@ _WS = re.compile(r"[ \t\n\v\f\r\u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205
 
 def _wc_counts(text: str) -> dict[str, int]:
     lines = text.split("\n")
+    raw = text.encode("utf-8", "surrogateescape")  # invalid bytes from earlier stages count as bytes
     return {
         "l": text.count("\n"),
         "w": len([w for w in _WS.split(text) if w]),
-        "m": len(text),
-        "c": len(text.encode()),
+        "m": sum(1 for c in text if not "\udc80" <= c <= "\udcff"),  # ... but not as characters
+        "c": len(raw),
         "L": max((len(line.expandtabs(8)) for line in lines), default=0),
     }
 
@@ -288,9 +289,9 @@ def cmd_cut(sh: Shell, args: list[str], io: IO) -> int:
                 keep = [p for i, p in enumerate(parts, 1) if _selected(i, ranges) != complement]
                 out.append(out_delim.join(keep))
             else:
-                data = line.encode()
+                data = line.encode("utf-8", "surrogateescape")
                 keep_b = bytes(b for i, b in enumerate(data, 1) if _selected(i, ranges) != complement)
-                out.append(keep_b.decode(errors="replace"))
+                out.append(keep_b.decode(errors="surrogateescape"))
         io.out.write(join_lines(out))
     return status
 
@@ -378,7 +379,7 @@ def cmd_tr(sh: Shell, args: list[str], io: IO) -> int:
     set1 = sets[0] or []
     if comp:
         set1 = [chr(b) for b in range(256) if chr(b) not in set(set1)]
-    data = io.stdin.encode().decode("latin-1")
+    data = io.stdin.encode("utf-8", "surrogateescape").decode("latin-1")
     if delete:
         drop = set(set1)
         data = "".join(ch for ch in data if ch not in drop)
@@ -397,7 +398,7 @@ def cmd_tr(sh: Shell, args: list[str], io: IO) -> int:
             data = _squeeze(data, set(set2))
     else:
         data = _squeeze(data, set(set1))
-    io.out.write(data.encode("latin-1").decode(errors="replace"))
+    io.out.write(data.encode("latin-1").decode(errors="surrogateescape"))
     return 0
 
 

@@ -161,6 +161,8 @@ class VirtualFS:
         self.check_writable(r)
         if r.devnull:
             return
+        if any("\udc80" <= c <= "\udcff" for c in text):  # invalid UTF-8 bytes: U+FFFD in files
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         if append and r.rel in self.files:
             self.files[r.rel] += text
         else:

@@ -10,7 +10,7 @@ import posixpath
 import re
 
 from compactrl.envs.shell_sim.common import getopt, read_input, split_lines
-from compactrl.envs.shell_sim.fs import FsError, quote_shell
+from compactrl.envs.shell_sim.fs import FsError
 from compactrl.envs.shell_sim.regex import RegexError, fnmatch_to_regex, posix_to_python
 from compactrl.envs.shell_sim.shell import IO, Shell
 
@@ -118,7 +118,7 @@ def _grep_one(sh: Shell, io: IO, o, rx: re.Pattern, path: str, display: str, wit
         text = read_input(sh, io, path)
     except FsError as exc:
         if not o.has("s"):
-            io.err.write(f"grep: {quote_shell(path, always=False)}: {exc.strerror}\n")
+            io.err.write(f"grep: {path}: {exc.strerror}\n")  # grep prints names as they are
         state["error"] = True
         return
     lines = split_lines(text)

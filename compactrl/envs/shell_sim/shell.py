@@ -22,6 +22,18 @@ log = logging.getLogger(__name__)
 _IFS_WS = " \t\n"
 
 
+_LONE_BYTES = re.compile("[\udc80-\udcff]+")
+
+
+def clean_text(text: str) -> str:
+    """Text as the model and the files see it: bytes that were not valid UTF-8 (kept between
+    pipeline stages as lone surrogates, so ``wc -c`` and friends count them right) become U+FFFD,
+    as decoding the real bytes with replacement does."""
+    if not _LONE_BYTES.search(text):
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class OutputLimit(Exception):
     """The command produced more output than the emulator keeps."""
 
@@ -79,6 +91,7 @@ class Terminal:
     def write(self, fd: int, text: str) -> None:
         if self.truncated or not text:
             return
+        text = clean_text(text)
         room = self.limit - self.size
         if len(text) > room:
             text = text[:room]
@@ -104,6 +117,7 @@ class FileSink(Sink):
     def write(self, text: str) -> None:
         if self.r.devnull or not text:
             return
+        text = clean_text(text)
         current = self.fs.files.get(self.r.rel, "")
         if len(current) + len(text) > self.limit:
             raise OutputLimit()

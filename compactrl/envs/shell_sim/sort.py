@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from compactrl.envs.shell_sim.common import getopt, join_lines, read_input, split_lines
-from compactrl.envs.shell_sim.fs import EISDIR, FsError, quote_locale
+from compactrl.envs.shell_sim.fs import EISDIR, FsError, quote_locale, quote_shell
 from compactrl.envs.shell_sim.shell import IO, Shell, UsageError
 
 _BLANK = " \t"
@@ -201,7 +201,7 @@ def cmd_sort(sh: Shell, args: list[str], io: IO) -> int:
             lines.extend(split_lines(read_input(sh, io, path).encode("utf-8", "surrogateescape").decode("latin-1")))
         except FsError as exc:
             what = "read failed" if exc.strerror == EISDIR else "cannot read"
-            io.err.write(f"sort: {what}: {path}: {exc.strerror}\n")
+            io.err.write(f"sort: {what}: {quote_shell(path, always=False)}: {exc.strerror}\n")
             return 2
     last_resort = not (o.has("s") or o.has("u"))
 
@@ -220,13 +220,13 @@ def cmd_sort(sh: Shell, args: list[str], io: IO) -> int:
     ordered = sorted(lines, key=functools.cmp_to_key(compare))
     if o.has("u"):
         ordered = [x for i, x in enumerate(ordered) if i == 0 or compare(ordered[i - 1], x) != 0]
-    text = join_lines(ordered).encode("latin-1").decode("utf-8", "replace")
+    text = join_lines(ordered).encode("latin-1").decode("utf-8", "surrogateescape")
     out = o.last("o")
     if out is not None:
         try:
             sh.fs.write(sh.resolve(out), text)
         except FsError as exc:
-            io.err.write(f"sort: open failed: {out}: {exc.strerror}\n")
+            io.err.write(f"sort: open failed: {quote_shell(out)}: {exc.strerror}\n")
             return 2
         return 0
     io.out.write(text)
