@@ -125,6 +125,7 @@ class ToolEnv(gym.Env[str, str]):
         self._turn = self._format_errors = self._tool_errors = 0
         self._started = 0.0
         self._last_obs = ""
+        self._line_cache: dict[str, tuple[str, list[str]]] = {}
 
     # -- prompts ---------------------------------------------------------------------------------
     @property
@@ -149,6 +150,7 @@ class ToolEnv(gym.Env[str, str]):
         self._close_sandbox()
         self._sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
         self._sandbox.start(task)
+        self._line_cache = {}
         self.task = task
         self._done = False
         self._turn = self._format_errors = self._tool_errors = 0
@@ -233,7 +235,7 @@ class ToolEnv(gym.Env[str, str]):
         except IsADirectoryError:
             inside = [p for p in self._sandbox.list_files() if rel == "" or p.startswith(rel + "/")]
             return f"{path} is a directory with {len(inside)} files:\n" + "\n".join(inside)
-        lines = _split_lines(content)
+        lines = self._lines(rel, content)
         n = len(lines)
         if n == 0:
             return f"{rel} is empty."
@@ -242,7 +244,7 @@ class ToolEnv(gym.Env[str, str]):
             self._tool_errors += 1
             return f"Error: {rel} has {n} lines; START must be <= {n}."
         hi = min(end or n, n, lo + self.max_view_lines - 1)
-        body = "\n".join(f"{i:>4}\t{lines[i - 1]}" for i in range(lo, hi + 1))
+        body = "\n".join(map(str.__add__, _line_prefixes(hi)[lo - 1 : hi], lines[lo - 1 : hi]))
         more = f"\n[{n - hi} more lines: view {rel} {hi + 1} {min(n, hi + self.max_view_lines)}]" if hi < n and hi < (end or n) else ""
         return f"{rel} (lines {lo}-{hi} of {n})\n{body}{more}"
 
@@ -255,7 +257,7 @@ class ToolEnv(gym.Env[str, str]):
             content = self._sandbox.read_file(file)
             if pattern not in content:
                 continue
-            for i, line in enumerate(_split_lines(content), start=1):
+            for i, line in enumerate(self._lines(file, content), start=1):
                 if pattern in line:
                     total += 1
                     if len(hits) < self.max_search_results:
@@ -279,7 +281,7 @@ class ToolEnv(gym.Env[str, str]):
         self._sandbox.write_file(rel, content[:at] + new + content[at + len(old):])
         first = content.count("\n", 0, at) + 1
         new_lines = _split_lines(new) if new else []
-        shown = "\n".join(f"{first + i:>4}\t{line}" for i, line in enumerate(new_lines[:20]))
+        shown = "\n".join(map(str.__add__, _line_prefixes(first + 20)[first - 1 :], new_lines[:20]))
         return f"Replaced {_count_lines(old)} line(s) of {rel} at line {first} with {len(new_lines)} line(s):\n{shown}".rstrip()
 
     def _create(self, path: str, content: str) -> str:
@@ -289,6 +291,13 @@ class ToolEnv(gym.Env[str, str]):
         return f"{'Overwrote' if existed else 'Created'} {rel} ({_count_lines(content)} lines)."
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _lines(self, path: str, content: str) -> list[str]:
+        """Lines of a file, cached while its content stays the same object (views are frequent)."""
+        cached = self._line_cache.get(path)
+        if cached is None or cached[0] is not content:
+            cached = self._line_cache[path] = (content, _split_lines(content))
+        return cached[1]
+
     def _clip(self, text: str) -> str:
         cap = self.max_observation_chars
         if len(text) <= cap:
@@ -311,6 +320,16 @@ def _positive(**values: float | None) -> None:
     for name, value in values.items():
         if value is not None and value <= 0:
             raise ValueError(f"{name}: expected a positive number or None, got {value!r}")
+
+
+_PREFIXES: list[str] = []
+
+
+def _line_prefixes(n: int) -> list[str]:
+    """``["   1\t", "   2\t", ...]`` up to at least ``n`` (formatting numbers per view is slow)."""
+    if len(_PREFIXES) < n:
+        _PREFIXES.extend(f"{i:>4}\t" for i in range(len(_PREFIXES) + 1, max(n, 2 * len(_PREFIXES), 1024) + 1))
+    return _PREFIXES
 
 
 def _split_lines(text: str) -> list[str]:

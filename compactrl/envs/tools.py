@@ -32,14 +32,18 @@ observation (never an exception). The full reference is ``docs/tool_language.md`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 TOOL_NAMES: tuple[str, ...] = ("view", "search", "replace", "create", "test", "shell", "submit")
 OPEN, CLOSE = "<tool>", "</tool>"
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed tool call. Only the fields of its tool are set; the others stay ``None``."""
+class ToolCall(NamedTuple):
+    """One parsed tool call. Only the fields of its tool are set; the others stay ``None``.
+
+    (A named tuple rather than a frozen dataclass: it is built on every env step, and a frozen
+    dataclass's ``__init__`` costs several times more.)
+    """
 
     name: str
     path: str | None = None
@@ -210,6 +214,8 @@ def normalize_path(path: str) -> str:
 
     Raises ``ValueError`` for absolute paths and paths that climb out with ``..``.
     """
+    if path and path[0] not in "./" and "//" not in path and "/." not in path and path[-1] != "/":
+        return path  # already canonical (the common case)
     if path.startswith("/"):
         raise ValueError(f"paths are relative to the work dir; got absolute path {path!r}")
     parts = [p for p in path.split("/") if p not in ("", ".")]

@@ -174,3 +174,41 @@ def test_directory_in_place_of_a_hidden_test_file_blocks_the_run():
     sb.write_file(task.metadata["spec_file"] + "/x", "blocker")
     report = sb.run_tests()
     assert not report.success and not report.passed and "could not install" in report.output
+
+
+_rhs = st.one_of(
+    st.integers(-10**6, 10**6).map(repr), st.floats(allow_nan=False).map(repr), st.text(max_size=8).map(repr),
+    st.sampled_from(["UNDEFINED", "1 / 0", "2 ** 10", "3 * 7 + 1", "-5", "'a' * 3", "int('40')", "round(3.14159, 2)",
+                     "min(3, 9)", "abs(-20)", "float(2)", "None", "True", "[1]", "(1,", "x = 2", "1; 2", "'''", "PAGE_SIZE",
+                     "SERVICE_FEE_RATE * 2", "max", "len('abc')", "10 ** 400000", "'ab' * 10 ** 9"]),
+)
+
+
+@settings(max_examples=40)
+@given(st.integers(0, 10**6), st.lists(_rhs, min_size=1, max_size=4), st.booleans())
+def test_fast_path_agrees_with_full_analysis(seed, values, annotate):
+    """Edits of the fact lines only are judged without parsing the module; the result must equal
+    the full statement-level analysis (which the real-pytest comparison validates)."""
+    from compactrl.envs.sandbox import sim
+
+    task = GEN.generate(seed)
+    meta = task.metadata
+    facts = tuple((f["key"], f["compare"], f["value"]) for f in meta["facts"])
+    sites = tuple((s["line"], s["key"], frozenset(s["names_before"])) for s in meta["sim"]["sites"])
+    original = task.files[meta["bug_file"]]
+    lines = original.split("\n")
+    for site, rhs in zip(meta["sim"]["sites"], values):
+        lines[site["line"]] = f"{site['key']}{': object' if annotate else ''} = {rhs}"
+    current = "\n".join(lines)
+    assert sim._original_sites(original, frozenset(k for k, _, _ in facts))[1:] == (
+        {i: k for i, k, _ in sites}, {i: b for i, _, b in sites})
+    fast = sim._fact_lines_only(current, original, facts, sites)
+    full = sim._full_verdict(current, original, facts)
+    if fast is not None:
+        assert fast == full
+    else:  # only edits that are not one complete statement per line leave the fast path
+        assert any(sim._parse_line(line) is None or len(sim._parse_line(line)) != 1 for line in lines)
+    correct = "\n".join(
+        f"{line.split(' = ')[0].split(':')[0]} = {next(f['value'] for f in meta['facts'] if line.startswith(f['key']))!r}"
+        if i in {s["line"] for s in meta["sim"]["sites"]} else line for i, line in enumerate(lines))
+    assert sim._fact_lines_only(correct, original, facts, sites) == ("ok", {k: True for k, _, _ in facts})

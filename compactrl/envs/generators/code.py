@@ -241,9 +241,25 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
                 {"file": bug_file, "old": f"{f.spec.key} = {f.wrong!r}\n", "new": f"{f.spec.key} = {f.value!r}\n"}
                 for f in facts
             ],
-            "sim": {"modules": imports, "tests": tests},
+            "sim": {"modules": imports, "tests": tests, "sites": _sites(bug_lines, facts)},
         },
     )
+
+
+def _sites(lines: list[str], facts: list[_Fact]) -> list[dict]:
+    """Where the bug file assigns each fact constant (0-based line) and the module-level names bound
+    before it, so the sim can judge edits of those lines without parsing the module."""
+    assignments = {f"{f.spec.key} = {f.wrong!r}": f.spec.key for f in facts}
+    sites, bound = [], []
+    for i, line in enumerate(lines):
+        if line in assignments:
+            sites.append({"key": assignments[line], "line": i, "names_before": sorted(bound)})
+            bound.append(assignments[line])
+        else:
+            match = re.match(r"(?:def|class) (\w+)|from \S+ import (\w+)", line)
+            if match:
+                bound.append(match.group(1) or match.group(2))
+    return sites
 
 
 def _choose_fact(rng: random.Random, cfg: CodeTaskConfig, spec: FactSpec, hosts: dict[str, list[str]]) -> _Fact:

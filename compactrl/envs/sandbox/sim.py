@@ -58,6 +58,9 @@ class SimSandbox:
         self._files: dict[str, str] = {}
         self._task: Task | None = None
         self._shell = _load_shell()
+        self._paths_version = 0  # bumped whenever the set of paths may have changed
+        self._blocked: tuple[int, str | None] = (-1, None)
+        self._dir_cache: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def start(self, task: Task) -> None:
         if self._judge is judge_code_task and "sim" not in task.metadata:
@@ -67,6 +70,7 @@ class SimSandbox:
             )
         self._task = task
         self._files = dict(task.files)
+        self._paths_version += 1
 
     # -- files -------------------------------------------------------------------------------
     def _path(self, path: str) -> str:
@@ -75,22 +79,34 @@ class SimSandbox:
         except ValueError as exc:
             raise PermissionError(str(exc)) from None
 
+    def _dirs(self) -> frozenset[str]:
+        """Every directory that holds a file ("" is the work dir), cached per set of paths."""
+        if self._dir_cache[0] != self._paths_version:
+            dirs = {""}
+            for p in self._files:
+                parts = p.split("/")
+                dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+            self._dir_cache = (self._paths_version, frozenset(dirs))
+        return self._dir_cache[1]
+
     def read_file(self, path: str) -> str:
         rel = self._path(path)
         if rel in self._files:
             return self._files[rel]
-        if rel == "" or any(p.startswith(rel + "/") for p in self._files):
+        if rel in self._dirs():
             raise IsADirectoryError(f"{path} is a directory")
         raise FileNotFoundError(f"no such file: {path}")
 
     def write_file(self, path: str, content: str) -> None:
         rel = self._path(path)
-        if rel == "" or any(p.startswith(rel + "/") for p in self._files):
+        if rel in self._dirs():
             raise IsADirectoryError(f"{path} is a directory")
         parts = rel.split("/")
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in self._files:
                 raise NotADirectoryError(f"{'/'.join(parts[:i])} is a file, not a directory")
+        if rel not in self._files:
+            self._paths_version += 1
         self._files[rel] = content
 
     def list_files(self) -> list[str]:
@@ -100,6 +116,7 @@ class SimSandbox:
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
         if self._shell is None:
             return ExecResult(output=SHELL_UNAVAILABLE, exit_code=127)
+        self._paths_version += 1
         return self._shell(self._files, command, timeout_s=timeout_s)
 
     def run_tests(self) -> TestReport:
@@ -111,14 +128,21 @@ class SimSandbox:
         # visible project (the visible tests) stay restored, the others never become visible.
         for path, content in task.check.hidden_files.items():
             if path in task.files:
+                if path not in self._files:
+                    self._paths_version += 1
                 self._files[path] = content
-        view = dict(self._files)
-        view.update(task.check.hidden_files)
-        return self._judge(task, view)
+        return self._judge(task, self._files | task.check.hidden_files)
 
     def _blocked_hidden_path(self, task: Task) -> str | None:
+        """Why the hidden test files cannot be written (cached until the set of paths changes)."""
+        if self._blocked[0] != self._paths_version:
+            self._blocked = (self._paths_version, self._find_blocked_path(task))
+        return self._blocked[1]
+
+    def _find_blocked_path(self, task: Task) -> str | None:
+        dirs = self._dirs()
         for path in task.check.hidden_files:
-            if any(p.startswith(path + "/") for p in self._files):
+            if path in dirs:
                 return f"{path} is a directory"
             parts = path.split("/")
             for i in range(1, len(parts)):
@@ -167,14 +191,16 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
     sim = meta["sim"]
     bug_file = meta["bug_file"]
     facts = tuple((f["key"], f["compare"], f["value"]) for f in meta["facts"])
+    sites = tuple((s["line"], s["key"], frozenset(s["names_before"])) for s in sim.get("sites", ())) or None
     status: dict[str, str] = {}
     fact_ok: dict[str, bool] = {}
     for path in sim["modules"]:
-        spec = facts if path == bug_file else ()
-        status[path], ok = _module_verdict(files.get(path), task.files[path], spec)
-        fact_ok.update(ok)
-    closures = _closures(tuple((m, tuple(d)) for m, d in sim["modules"].items()))
-    reach = {t: set().union(*(closures[m] for m in sim["tests"][t]["imports"])) for t in task.check.must_pass}
+        if path == bug_file:
+            status[path], ok = _module_verdict(files.get(path), task.files[path], facts, sites)
+            fact_ok.update(ok)
+        else:
+            status[path], _ = _module_verdict(files.get(path), task.files[path], ())
+    reach = _reach(task)
     # A test file whose import fails is a collection error, and pytest then runs no test at all.
     collection_error = any(status[m] == "broken" for r in reach.values() for m in r)
     passed, failed = [], []
@@ -188,9 +214,25 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
     return TestReport(tuple(passed), tuple(failed), _pytest_like_output(passed, failed), not failed)
 
 
-@lru_cache(maxsize=64)
-def _closures(modules: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, frozenset[str]]:
-    graph = dict(modules)
+_REACH: OrderedDict[tuple[str, str], dict[str, frozenset[str]]] = OrderedDict()
+
+
+def _reach(task: Task) -> dict[str, frozenset[str]]:
+    """Modules each test's imports reach (cached per task: it never changes)."""
+    sim = task.metadata["sim"]
+    key = (task.id, task.files[task.metadata["bug_file"]])
+    reach = _REACH.get(key)
+    if reach is None:
+        closures = _closures(sim["modules"])
+        reach = _REACH[key] = {
+            t: frozenset().union(*(closures[m] for m in sim["tests"][t]["imports"])) for t in task.check.must_pass
+        }
+        if len(_REACH) > 1024:
+            _REACH.popitem(last=False)
+    return reach
+
+
+def _closures(graph: dict[str, list[str]]) -> dict[str, frozenset[str]]:
     out = {}
     for start in graph:
         seen, todo = {start}, [start]
@@ -211,16 +253,19 @@ def _pytest_like_output(passed: list[str], failed: list[str]) -> str:
 
 @lru_cache(maxsize=8192)
 def _module_verdict(
-    current: str | None, original: str, facts: tuple[tuple[str, str, object], ...]
+    current: str | None, original: str, facts: tuple[tuple[str, str, object], ...], sites=None
 ) -> tuple[str, dict[str, bool]]:
-    """``("ok" | "broken" | "changed", {fact key: correct})`` for one module's source."""
+    """``("ok" | "broken" | "changed", {fact key: correct})`` for one module's source.
+
+    ``sites``: ``(line index, key, names bound before)`` of the original's fact assignments, when
+    the generator recorded them (saves parsing the original)."""
     keys = frozenset(k for k, _, _ in facts)
     none_ok = {k: False for k in keys}
     if current is None:
         return "broken", none_ok
     if current == original and not facts:
         return "ok", {}
-    fast = _fact_lines_only(current, original, facts) if facts else None
+    fast = _fact_lines_only(current, original, facts, sites) if facts else None
     return fast if fast is not None else _full_verdict(current, original, facts)
 
 
@@ -258,7 +303,7 @@ def _original_sites(original: str, keys: frozenset[str]) -> tuple[tuple[str, ...
     return tuple(original.split("\n")), sites, before
 
 
-def _fact_lines_only(current: str, original: str, facts) -> tuple[str, dict[str, bool]] | None:
+def _fact_lines_only(current: str, original: str, facts, sites=None) -> tuple[str, dict[str, bool]] | None:
     """The verdict when the only edits are to the fact assignment lines, each still one complete
     ``KEY = expr`` statement; None when the edit is anything else (then the full analysis runs).
 
@@ -266,18 +311,21 @@ def _fact_lines_only(current: str, original: str, facts) -> tuple[str, dict[str,
     line tokenizes, so the module equals the original with those statements' values replaced.
     """
     keys = frozenset(k for k, _, _ in facts)
-    lines, sites, before = _original_sites(original, keys)
-    cur = current.split("\n")
+    if sites is None:
+        lines, where, before = _original_sites(original, keys)
+    else:
+        lines, where, before = _split(original), {i: k for i, k, _ in sites}, {i: b for i, _, b in sites}
+    cur = tuple(current.split("\n"))
     if len(cur) != len(lines):
         return None
-    if any(a != b and i not in sites for i, (a, b) in enumerate(zip(cur, lines))):
-        return None
+    edges = [-1, *sorted(where), len(lines)]
+    if any(cur[a + 1 : b] != lines[a + 1 : b] for a, b in zip(edges, edges[1:])):
+        return None  # a line other than a fact assignment changed
     values: dict[str, object] = {}
-    for i in sorted(sites):
-        key = sites[i]
-        try:
-            body = ast.parse(cur[i]).body
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+    for i in sorted(where):
+        key = where[i]
+        body = _parse_line(cur[i])
+        if body is None:
             return None
         if len(body) != 1 or _fact_target(body[0], {key}) != key:
             return None
@@ -288,6 +336,20 @@ def _fact_lines_only(current: str, original: str, facts) -> tuple[str, dict[str,
         except _Raises:
             return "broken", {k: False for k in keys}
     return "ok", {key: _matches(values.get(key, _UNKNOWN), compare, expected) for key, compare, expected in facts}
+
+
+@lru_cache(maxsize=1024)
+def _split(source: str) -> tuple[str, ...]:
+    return tuple(source.split("\n"))
+
+
+@lru_cache(maxsize=8192)
+def _parse_line(line: str) -> list[ast.stmt] | None:
+    """The statements of one source line (cached: the same edits recur), None if it does not parse."""
+    try:
+        return ast.parse(line).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 # -- full path: statement-level comparison with the original -------------------------------------
