@@ -66,3 +66,36 @@ def test_oracle_episode_is_the_same_on_sim_and_real_backend(task, backend: str) 
     assert sim_reward == real_reward == 1.0
     assert real_obs == sim_obs
     assert real_files == sim_files
+
+
+SESSION = [
+    "ls; pwd; echo $HOME",
+    "mkdir -p /tmp/scratch && cp -r logs /tmp/scratch/ && ls -R /tmp/scratch",
+    "cd /tmp/scratch/logs && pwd && grep -c ERROR *.log",
+    "export NAME=report; LOCAL=x; sort -r app.log > /tmp/sorted.txt; echo $NAME$LOCAL",
+    "pwd; echo $NAME${LOCAL:-}; cat /tmp/sorted.txt | head -2",
+    "cd /workspace; pwd; mv /tmp/sorted.txt sorted.txt && wc -l sorted.txt",
+    "cd; cat /etc/hostname.nope 2>&1; echo rc=$?",
+    "printf 'k=%s\\n' a b > conf.txt; sed -i 's/=/: /' conf.txt; cat conf.txt",
+    "rm -r /tmp/scratch; ls /tmp/scratch 2>&1; true",
+]
+
+
+def test_a_shell_session_is_the_same_on_sim_and_real_backend(backend: str) -> None:
+    """cwd, exported variables, the private /tmp and the work dir carry across commands alike."""
+    from compactrl.envs.sandbox import make_sandbox
+    from compactrl.envs.task import Task
+
+    task = Task(id="session", kind="terminal", instruction="x",
+                files={"logs/app.log": "INFO a\nERROR b\nERROR c\n", "logs/db.log": "ERROR d\n"})
+    outputs = {}
+    for name in ("sim", backend):
+        sb = make_sandbox(name, **({"judge": lambda t, f: None} if name == "sim" else {}))
+        sb.start(task)
+        try:
+            outputs[name] = [sb.exec(cmd) for cmd in SESSION]
+            outputs[name].append(sorted(sb.list_files()))
+        finally:
+            sb.close()
+    for cmd, sim, real in zip([*SESSION, "files"], outputs["sim"], outputs[backend]):
+        assert sim == real, cmd

@@ -78,7 +78,7 @@ class ShellEmulator:
 
     @property
     def cwd(self) -> str:
-        """Current directory relative to the work dir ("" is the work dir)."""
+        """The shell's current directory (absolute)."""
         return self.shell.cwd
 
     def run_detailed(self, command: str) -> ShellRun:

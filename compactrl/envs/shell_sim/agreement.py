@@ -262,6 +262,7 @@ class CommandGen:
             f"cat <<-EOF\n\tindented {w}\n\tEOF",
             f"grep -c a <<< '{w} a b'",
             f"V='{w}  two'; echo $V; echo \"$V\"; echo ${{V}}",
+            f"E=; echo ${{E:-{w}}} ${{E-x}} ${{U-{w}}} ${{#w}} ${{#U}}; w={w}; echo ${{#w}} \"${{U:-a  b}}\"",
             "echo $'tab\\there' | cut -f2",
             f"printf '%s|%5.2f|%x|%c\\n' {w} 3.14159 255 {w}",
             f"printf '%d\\n' {self.rng.choice(['12', 'abc', '0x1f', '3.5', '-7'])}",

@@ -42,10 +42,10 @@ def cmd_cd(sh: Shell, args: list[str], io: IO) -> int:
         sh.shell_error(io.err, f"cd: {target}: {reason or ENOENT}")
         return 1
     if r.outside:
-        sh.shell_error(io.err, f"cd: {target}: sim-shell: only the work dir and below exist")
+        sh.shell_error(io.err, f"cd: {target}: sim-shell: only the work dir and /tmp exist")
         return 1
     sh.vars["OLDPWD"] = sh.pwd()
-    sh.cwd = r.rel
+    sh.cwd = sh.fs.abs_of(r)
     sh.vars["PWD"] = sh.pwd()
     sh.exported.update(("OLDPWD", "PWD"))
     if print_dir:
@@ -288,7 +288,7 @@ def _unary(sh: Shell, op: str, arg: str) -> bool:
     is_file, is_dir = sh.fs.is_file(r), sh.fs.is_dir(r)
     checks = {
         "e": is_file or is_dir or r.devnull, "f": is_file, "d": is_dir,
-        "s": (is_file and sh.fs.files[r.rel] != "") or is_dir,
+        "s": (is_file and sh.fs.read(r) != "") or is_dir,
         "r": is_file or is_dir or r.devnull, "w": is_file or is_dir or r.devnull, "x": is_dir,
         "c": r.devnull, "O": is_file or is_dir, "G": is_file or is_dir,
     }

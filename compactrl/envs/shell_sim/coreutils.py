@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from dataclasses import replace
 
 from compactrl.envs.shell_sim.common import getopt, join_lines, missing, parse_int, read_input, split_lines
 from compactrl.envs.shell_sim.fs import EEXIST, EISDIR, ENOTDIR, FsError, Resolved, quote_locale, quote_shell
@@ -589,7 +590,7 @@ def _mkdir_parents(sh: Shell, r: Resolved) -> None:
         raise FsError("Permission denied")
     parts = r.rel.split("/") if r.rel else []
     for k in range(1, len(parts) + 1):
-        sub = Resolved("/".join(parts[:k]))
+        sub = replace(r, rel="/".join(parts[:k]))
         if sh.fs.is_file(sub):
             raise _MkdirError(sub.rel, EEXIST if k == len(parts) else ENOTDIR)
         if not sh.fs.is_dir(sub):
@@ -717,7 +718,7 @@ def cmd_cp(sh: Shell, args: list[str], io: IO) -> int:
             if not recursive:
                 io.err.write(f"cp: -r not specified; omitting directory {quote_shell(src)}\n")
                 status = 1
-            elif dr.rel == sr.rel or dr.rel.startswith(sr.rel + "/"):
+            elif dr.area == sr.area and (dr.rel == sr.rel or dr.rel.startswith(sr.rel + "/")):
                 io.err.write(f"cp: cannot copy a directory, {quote_shell(src)}, into itself, "
                              f"{quote_shell(dst)}\n")
                 status = 1
@@ -742,7 +743,7 @@ def cmd_cp(sh: Shell, args: list[str], io: IO) -> int:
 
 
 def _copy_dir(sh: Shell, io: IO, sr: Resolved, dr: Resolved, dst: str) -> int:
-    parent = Resolved(posixpath.dirname(dr.rel))
+    parent = sh.fs.parent(dr)
     if not sh.fs.is_dir(dr) and not sh.fs.is_dir(parent):
         io.err.write(f"cp: cannot create directory {quote_shell(dst)}: {sh.fs.lookup_error(dr)}\n")
         return 1
@@ -782,7 +783,7 @@ def cmd_mv(sh: Shell, args: list[str], io: IO) -> int:
 
 
 def _move_dir(sh: Shell, io: IO, src: str, dst: str, sr: Resolved, dr: Resolved) -> int:
-    if dr.rel.startswith(sr.rel + "/") or not sr.rel:
+    if (dr.area == sr.area and dr.rel.startswith(sr.rel + "/")) or not sr.rel:
         io.err.write(f"mv: cannot move {quote_shell(src)} to a subdirectory of itself, {quote_shell(dst)}\n")
         return 1
     if sh.fs.is_file(dr):
@@ -791,7 +792,7 @@ def _move_dir(sh: Shell, io: IO, src: str, dst: str, sr: Resolved, dr: Resolved)
     if sh.fs.is_dir(dr) and sh.fs.listdir(dr):
         io.err.write(f"mv: cannot move {quote_shell(src)} to {quote_shell(dst)}: Directory not empty\n")
         return 1
-    parent = Resolved(posixpath.dirname(dr.rel))
+    parent = sh.fs.parent(dr)
     if not sh.fs.is_dir(parent) or dr.outside:
         io.err.write(f"mv: cannot move {quote_shell(src)} to {quote_shell(dst)}: {sh.fs.lookup_error(dr)}\n")
         return 1

@@ -75,7 +75,7 @@ def _ls_entries(sh: Shell, o, entries: list[tuple[str, Resolved]], total: bool =
         is_dir = sh.fs.is_dir(r)
         suffix = "/" if is_dir and (o.has("F") or o.has("p")) else ""
         if o.has("l"):
-            size = 4096 if is_dir else len(sh.fs.files.get(r.rel, "").encode())
+            size = 4096 if is_dir else sh.fs.size(r)
             blocks += 4 if is_dir else -(-size // 4096) * 4
             mode = "drwxr-xr-x 2" if is_dir else "-rw-r--r-- 1"
             shown = _human(size) if o.has("h") else str(size)
@@ -184,7 +184,7 @@ class _FindParser:
                 self.mindepth = int(value)
             return lambda *x: True
         if tok == "-empty":
-            return lambda p, n, r, d: (self.sh.fs.is_file(r) and self.sh.fs.files[r.rel] == "") or (
+            return lambda p, n, r, d: (self.sh.fs.is_file(r) and self.sh.fs.read(r) == "") or (
                 self.sh.fs.is_dir(r) and not self.sh.fs.listdir(r))
         if tok in ("-print", "-print0"):
             self.has_action = True

@@ -13,6 +13,7 @@ stop lines 1-2 from running, so :func:`parse` returns the complete line groups b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 RESERVED = {"if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case", "esac",
@@ -37,11 +38,17 @@ class ShellSyntaxError(Exception):
 
 @dataclass
 class Part:
-    """A piece of a word: literal text, or a parameter name when ``var`` (``$NAME``)."""
+    """A piece of a word: literal text, or a parameter name when ``var`` (``$NAME``).
+
+    ``op``/``arg`` hold a parameter operator: ``:-``/``-`` with its default word, or ``#``
+    (length).
+    """
 
     text: str
     quoted: bool
     var: bool = False
+    op: str = ""
+    arg: str = ""
 
 
 @dataclass
@@ -258,11 +265,13 @@ class Lexer:
             return self._read_double_quoted(self.line)
         if nxt == "{":
             end = self.src.find("}", self.i + 2)
-            name = self.src[self.i + 2:end] if end >= 0 else ""
-            if end < 0 or not (name.isidentifier() or (len(name) == 1 and name in SPECIAL_PARAMS)):
-                raise Unsupported("parameter expansion ${...} beyond ${NAME}")
+            body = self.src[self.i + 2:end] if end >= 0 else ""
+            m = re.fullmatch(r"(#?)([A-Za-z_][A-Za-z0-9_]*|[?#$0-9@*!-])(?:(:?-)([^${}`\\'\"]*))?", body)
+            if end < 0 or not m or (m.group(1) and m.group(3)):
+                raise Unsupported("parameter expansion beyond ${NAME}, ${NAME:-word}, ${NAME-word}, ${#NAME}")
             self.i = end + 1
-            return [Part(name, quoted, var=True)]
+            op = "#" if m.group(1) else (m.group(3) or "")
+            return [Part(m.group(2), quoted, var=True, op=op, arg=m.group(4) or "")]
         if nxt and nxt in SPECIAL_PARAMS:
             self.i += 2
             return [Part(nxt, quoted, var=True)]

@@ -118,10 +118,9 @@ class FileSink(Sink):
         if self.r.devnull or not text:
             return
         text = clean_text(text)
-        current = self.fs.files.get(self.r.rel, "")
-        if len(current) + len(text) > self.limit:
+        if self.fs.size(self.r) + len(text) > self.limit:
             raise OutputLimit()
-        self.fs.files[self.r.rel] = current + text
+        self.fs.write(self.r, text, append=True)
 
 
 @dataclass
@@ -151,7 +150,7 @@ class Shell:
         self.commands = commands
         self.vars: dict[str, str] = dict(env)
         self.exported: set[str] = set(env)
-        self.cwd = ""
+        self.cwd = fs.root  # absolute
         self.status = 0
         self.line = 1
         self.line_numbers = line_numbers
@@ -168,7 +167,7 @@ class Shell:
         err.write(prefix + msg + "\n")
 
     def pwd(self) -> str:
-        return self.fs.abs_path(self.cwd)
+        return self.cwd
 
     # ----------------------------------------------------------------- entry point
     def run(self, src: str) -> int:
@@ -360,6 +359,17 @@ class Shell:
             return ""
         return self.vars.get(name, "")
 
+    def param_op(self, p) -> str:
+        value = self.param(p.text)
+        if p.op == "#":
+            return str(len(value))
+        if p.op == ":-" and value == "" or p.op == "-" and not self.is_set(p.text):
+            return p.arg
+        return value
+
+    def is_set(self, name: str) -> bool:
+        return name in self.vars or name in "?#$0"
+
     def expand_heredoc(self, body: str) -> str:
         def repl(m: re.Match) -> str:
             if m.group(0).startswith("\\"):
@@ -380,7 +390,7 @@ class Shell:
                 cur.append((p.text, p.quoted))
                 cur_live = cur_live or p.quoted or bool(p.text)
                 continue
-            value = self.param(p.text)
+            value = self.param_op(p)
             if p.quoted or not split:
                 cur.append((value, True))
                 cur_live = True
