@@ -37,7 +37,7 @@ def main() -> None:
     gen = CodeTaskGenerator(args.difficulty)
     totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     classes: collections.Counter = collections.Counter()
-    aspects: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    aspects: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)  # episodes
     started = time.monotonic()
     for i in range(args.tasks):
         task = gen.generate(task_seed_for("test", i))
@@ -51,8 +51,8 @@ def main() -> None:
             outcomes, diffs = F.compare(task, backends, factory)
             totals[kind][1] += 1
             totals[kind][0] += not diffs
-            for backend, aspect in sorted({(b, a) for b, a, _ in diffs}):
-                aspects[kind][(backend, aspect)] += 1
+            for aspect in {a for _, a, _ in diffs}:
+                aspects[kind][aspect] += 1
             for backend, aspect, detail in diffs:
                 classes[(backend, aspect, detail.split(";")[0] if ";" in detail else "")] += 1
                 if not args.quiet:
@@ -66,7 +66,7 @@ def main() -> None:
           + " ".join(f"{a + ' ok':>14}" for a in names))
     for kind in ("oracle", "noop", "random"):
         ok, n = totals[kind]
-        per = [n - sum(v for (b, a), v in aspects[kind].items() if a == name) for name in names]
+        per = [n - aspects[kind][name] for name in names]
         print(f"{kind:<10} {ok:>6} {n:>6} {ok / max(n, 1):>7.1%}   100%   | "
               + " ".join(f"{p / max(n, 1):>14.1%}" for p in per))
     if classes:

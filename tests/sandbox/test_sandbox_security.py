@@ -61,6 +61,7 @@ def test_writing_outside_the_work_dir_fails(sandbox, tmp_path):
     with pytest.raises(PermissionError):
         sandbox.read_file("pw")
     assert host_file.read_text() == "untouched"
+    assert sandbox.exec(f"test -e {__file__} && echo visible || echo hidden").output == "hidden\n"  # host files
     res = sandbox.exec("touch /usr/x /etc/x /x 2>&1; echo tmp > /tmp/scratch && cat /tmp/scratch")
     assert res.output.count("Read-only file system") == 3, res.output
     assert res.output.strip().endswith("tmp")  # a private /tmp is writable...

@@ -74,12 +74,14 @@ def differences(a: Outcome, b: Outcome) -> list[tuple[str, str]]:
 
 
 def _why_no_test_ran(a: Outcome, b: Outcome) -> str:
-    """``"<class>; "`` when one side's real pytest ran no test at all (the usual cause), else ``""``."""
+    """``"<class>; "`` when a real pytest run stopped before running tests (the usual cause of a
+    verdict difference with the sim), else ``""``."""
     for o in (a, b):
-        if o.backend != "sim" and o.tests_run == 0:
+        if o.backend != "sim":
             if "during collection" in o.test_output:
                 return "collection error; "
-            return "pytest did not start; "
+            if o.tests_run == 0:
+                return "pytest did not start; "
     return ""
 
 

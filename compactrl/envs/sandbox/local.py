@@ -419,6 +419,7 @@ class LocalSandbox:
         drop = " ".join(_drop_privileges(cfg.sandbox_uid))
         lines += [
             "hostname sandbox",
+            "ip link set lo up 2>/dev/null || true",  # as bubblewrap does (needs iproute2)
             'cd "$R"; mkdir .old; pivot_root . .old; umount -l /.old; rmdir /.old',
             "mount -o remount,ro /",
             f"cd -- {q(self._workdir)}",
