@@ -274,13 +274,15 @@ def _preset_main() -> TrainConfig:
 
 
 def _preset_smoke() -> TrainConfig:
-    """Seconds on a CPU: every stage runs once with a minimal budget (CI)."""
+    """Seconds on a CPU: every stage runs once with a minimal budget and a minimal model (CI)."""
     return TrainConfig(
-        env=EnvConfig(num_envs=4, max_turns=6, context_budget=512, max_new_tokens=48),
-        sft=SFTConfig(demo_episodes=4, steps=3, batch_traces=4),
-        rl=RLConfig(iterations=2, episodes_per_iter=4, group_size=2, epochs=1, minibatches=1,
-                    critic_warmup_iters=1, micro_batch_tokens=4096),
-        eval=EvalConfig(every=1, episodes=4),
+        env=EnvConfig(num_envs=2, max_turns=3, context_budget=640, max_new_tokens=16, tool_output_cap=64),
+        model=ModelConfig(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1),
+        sft=SFTConfig(demo_episodes=2, steps=2, batch_traces=2),
+        rl=RLConfig(iterations=2, episodes_per_iter=2, group_size=2, epochs=1, minibatches=1,
+                    critic_warmup_iters=1, micro_batch_tokens=2048),
+        eval=EvalConfig(every=1, episodes=2),
+        threads=1,
     )
 
 

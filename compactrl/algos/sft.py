@@ -32,6 +32,30 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     return out
 
 
+def selected_log_probs(policy, tokens: torch.Tensor, attention_mask: torch.Tensor,
+                       select: torch.Tensor) -> torch.Tensor:
+    """``log p(tokens[t] | tokens[:t])`` at the positions ``select`` only (1-D, in row-major order).
+
+    The LM head and softmax run only where a log-prob is needed (the policy tokens, ~20% of a
+    trace), which halves the cost of a step on a small-vocabulary model. Falls back to the
+    policy's full ``log_prob`` when its model has no separate trunk and head. Uses the plain
+    model distribution (temperature 1), as SFT should.
+    """
+    model = getattr(policy, "model", None)
+    trunk, head = getattr(model, "base_model", None), getattr(model, "lm_head", None) if model is not None else None
+    if trunk is None or head is None or trunk is model:
+        logp, _ = policy.log_prob(tokens, attention_mask)
+        return logp[select]
+    from compactrl.policies.transformers_policy import positions_from_mask
+
+    mask = attention_mask.long()
+    hidden = trunk(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
+                   use_cache=False).last_hidden_state
+    sel = select[:, 1:] & attention_mask[:, :-1].bool()  # the token at t is predicted at t - 1
+    logits = head(hidden[:, :-1][sel]).float()
+    return logits.log_softmax(-1).gather(-1, tokens[:, 1:][sel][:, None]).squeeze(-1)
+
+
 def nll_loss(log_probs: torch.Tensor, policy_mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood over the policy tokens (per-token normalisation)."""
     mask = policy_mask.to(log_probs.dtype)
@@ -61,7 +85,8 @@ def sft_train(
     """Train ``policy`` (anything with ``log_prob(tokens, attention_mask)`` and parameters) on ``demos``.
 
     Each step draws ``batch_traces`` traces uniformly without replacement (reshuffled every
-    epoch). Returns one metrics dict per step (``loss``, ``token_accuracy``-free: loss only, lr).
+    epoch). The loss is the mean NLL over the step's policy tokens. Returns one metrics dict per
+    step (``loss``, ``grad_norm``, ``lr``).
     """
     if steps == 0:
         return []
@@ -80,13 +105,15 @@ def sft_train(
         mb = trim_padding(demos[idx])
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, steps, lr)
-        logp, _ = policy.log_prob(mb["tokens"], mb["attention_mask"])
-        loss = nll_loss(logp, mb["policy_mask"])
+        select = mb["policy_mask"] & mb["attention_mask"]
+        select[:, 0] = False  # nothing predicts the first token
+        logp = selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select)
+        loss = -logp.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         opt.step()
-        row = {"loss": float(loss), "grad_norm": float(grad_norm), "lr": opt.param_groups[0]["lr"]}
+        row = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "lr": opt.param_groups[0]["lr"]}
         history.append(row)
         if on_step is not None:
             on_step(step, row)

@@ -16,9 +16,10 @@ GRPO groups: ``group_size`` consecutive episodes reset with the same task seed a
 ``group_id``. A group is never split across batches.
 
 Infrastructure failures never stop collection: an episode that the env truncates with
-``info["sandbox_error"]``, or whose ``reset``/``step`` raises, is ended as truncated (the traces it
-finished so far are kept), the env is closed and rebuilt from its constructor, and the next
-episode starts.
+``info["sandbox_error"]``, or whose ``reset``/``step`` raises (anything but ``ValueError`` /
+``TypeError``, which signal a bad configuration or a policy bug and propagate), is ended as
+truncated (the traces it finished so far are kept), the env is closed and rebuilt from its
+constructor, and the next episode starts.
 
 Per-episode statistics of the last batch are in :attr:`TraceCollector.last_episode_stats` (a list
 of :class:`EpisodeStats`); see that class for the fields and how generation time is attributed.
@@ -43,6 +44,10 @@ from compactrl.types import Policy, PolicyRequest, TokenResponse, Trace
 log = logging.getLogger(__name__)
 
 EnvFn = Callable[[], Any]
+
+_CONFIG_ERRORS = (ValueError, TypeError)
+"""Raised for a bad configuration or a policy bug (e.g. token ids outside the vocabulary): these
+propagate. Every other exception from an env is an infrastructure failure the collection survives."""
 
 _MAX_TRACELESS_EPISODES = 64
 """Episodes of one batch that may end without a finished trace before collection gives up."""
@@ -319,6 +324,8 @@ class TraceCollector:
             if slot.env is None:
                 slot.env = slot.env_fn()
             slot.obs, slot.info = slot.env.reset(seed=task_seed, options=self.reset_options)
+        except _CONFIG_ERRORS:
+            raise
         except Exception as exc:  # noqa: BLE001 - infrastructure failure: end episode, go on
             log.warning("env.reset failed (episode %d): %r", stats.episode_id, exc)
             stats.env_time_s += time.perf_counter() - t0
@@ -389,6 +396,8 @@ class TraceCollector:
         t0 = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = slot.env.step(action)
+        except _CONFIG_ERRORS:
+            raise
         except Exception as exc:  # noqa: BLE001 - infrastructure failure: end episode, go on
             stats.env_time_s += time.perf_counter() - t0
             log.warning("env.step failed (episode %d): %r", stats.episode_id, exc)

@@ -217,3 +217,13 @@ def test_property_whole_episodes_whole_groups(n_envs, groups, group_size, traces
         assert batch["policy_mask"][rows].sum().item() == s.generated_tokens
         assert batch["summary_mask"][rows].sum().item() == s.summary_tokens
     assert sorted({s.group_id for s in stats}) == sorted({int(g) for g in batch["group_id"]})
+
+
+def test_configuration_errors_propagate_instead_of_being_survived():
+    class BadConfigEnv(FakeTraceEnv):
+        def reset(self, *, seed=None, options=None):
+            raise ValueError("budget: expected at least 718 tokens, got 512")
+
+    col = TraceCollector([BadConfigEnv], EchoPolicy(), episodes_per_batch=2)
+    with pytest.raises(ValueError, match="budget"):
+        col.next()

@@ -1,0 +1,182 @@
+"""The training loop end to end (smoke preset), its run directory, and resume after a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from compactrl.algos.config import override, preset
+from compactrl.algos.run_dir import RunDir
+from compactrl.algos.sft import selected_log_probs
+from compactrl.algos.trainer import SummaryRouter, _step, build_loss, train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _smoke(**changes):
+    return override(preset("smoke"), changes) if changes else preset("smoke")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, algo):
+    cfg = _smoke(**{"rl.algo": algo})
+    result = train(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    rows = run.rows()
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and result.iterations == 2
+    assert "eval/success_rate" in rows[0] and "sft/final_nll" in rows[0]
+    assert all("train/traces_per_episode" in r and "loss/objective" in r for r in rows[2:])
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rl"]["algo"] == algo
+    assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 1000
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "sft_model" / "model.safetensors").exists()
+    state = run.load_checkpoint()
+    assert state["iteration"] == 2 and state["rows"] == 3
+    assert (state["critic"] is not None) == (algo == "ppo")
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "Held-out success" in report and "after RL minus after SFT" in report
+
+
+@pytest.mark.timeout(60)
+def test_existing_run_dir_is_not_overwritten(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(_smoke(), tmp_path / "run")
+
+
+@pytest.mark.timeout(400)
+def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
+    """SIGKILL a CLI run mid-way (after iteration 2's row), then --resume to the end."""
+    out = tmp_path / "run"
+    iterations = 4
+    cmd = [sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--out", str(out),
+           "--no-progress", "--rl.iterations", str(iterations), "--eval.every", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 200
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if len(RunDir(out).rows()) >= 3:  # rows 0-2 written, so checkpoint 1 exists
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killed_rows = RunDir(out).rows()
+    covered = RunDir(out).load_checkpoint()["rows"]  # rows of the iterations the checkpoint holds
+    assert 2 <= covered <= len(killed_rows) < iterations + 1
+    resumed = subprocess.run([sys.executable, "-m", "compactrl.cli", "train", "--resume", "--out", str(out),
+                              "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = RunDir(out).rows()
+    assert [r["iteration"] for r in rows] == list(range(iterations + 1))
+    assert rows[:covered] == killed_rows[:covered]  # checkpointed iterations are kept, not redone
+    assert RunDir(out).load_checkpoint()["iteration"] == iterations
+    assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.timeout(60)
+def test_resume_truncates_rows_written_after_the_last_checkpoint(tmp_path):
+    run = RunDir(tmp_path)
+    for i in range(4):
+        run.append_row({"iteration": i, "x": float(i)})
+    with open(run.metrics_path, "a") as fh:
+        fh.write('{"iteration": 4, "x"')  # a row cut short by a kill
+    assert [r["iteration"] for r in run.rows()] == [0, 1, 2, 3]
+    run.truncate_rows(2)
+    assert [r["iteration"] for r in run.rows()] == [0, 1]
+    run.close()
+
+
+@pytest.mark.timeout(60)
+def test_selected_log_probs_equal_the_policy_log_prob():
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+
+    policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=32, num_layers=1, num_experts=2,
+                                         experts_per_token=1), load_tokenizer())
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 4000, (3, 20), generator=g)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[1, 15:] = False
+    select = (torch.rand(3, 20, generator=g) < 0.4) & mask
+    select[:, 0] = False
+    full, _ = policy.log_prob(tokens, mask)
+    torch.testing.assert_close(selected_log_probs(policy, tokens, mask, select), full[select], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_update_step_gradient_does_not_depend_on_the_micro_batch_budget(algo):
+    import copy
+
+    from compactrl.algos.losses import add_loss_normalizers
+    from compactrl.collectors.batch import EpisodeMeta, stack_traces
+    from compactrl.policies.critic import ValueModel
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+    from compactrl.types import Trace
+
+    g = torch.Generator().manual_seed(1)
+    episodes = []
+    for e in range(4):
+        traces = []
+        for t in range(1 + e % 2):
+            n = int(torch.randint(8, 30, (1,), generator=g))
+            pm = (torch.rand(n, generator=g) < 0.5).tolist()
+            pm[0] = False
+            ids = torch.randint(3, 4000, (n,), generator=g).tolist()
+            last = max(i for i, p in enumerate(pm) if p) if any(pm) else None
+            rewards = {last: float(e % 2)} if last is not None and t == e % 2 else {}
+            traces.append(Trace(ids, pm, [False] * n, [-1.0 if p else float("nan") for p in pm], rewards,
+                                trace_index=t))
+        episodes.append((EpisodeMeta(e, e // 2, True, False), traces))
+    batch = stack_traces(episodes)
+    batch["advantage"] = torch.randn(batch["tokens"].shape, generator=g) * batch["policy_mask"]
+    batch["value"] = torch.zeros(batch["tokens"].shape)
+    batch["value_target"] = torch.randn(batch["tokens"].shape, generator=g)
+    cfg = _smoke(**{"rl.algo": algo})
+    grads = []
+    for budget in (10_000, 40):
+        policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=32, num_layers=1, num_experts=2,
+                                             experts_per_token=1, seed=3), load_tokenizer())
+        critic = ValueModel.from_policy(policy) if algo == "ppo" else None
+        module = build_loss(cfg, policy, critic)
+        rl = override(cfg, {"rl.micro_batch_tokens": budget}).rl
+        opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+        mb = add_loss_normalizers(copy.deepcopy(batch))
+        _step(mb, module.actor_loss, opt, policy, rl, "policy")
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_summary_router_sends_only_summary_requests_to_the_summarizer():
+    from compactrl.types import PolicyRequest
+
+    class Tag:
+        def __init__(self, tag):
+            self.tag, self.seen = tag, []
+
+        def act(self, reqs):
+            self.seen += reqs
+            return [self.tag] * len(reqs)
+
+    pol, summ = Tag("act"), Tag("sum")
+    reqs = [PolicyRequest([], compaction_required=c) for c in (False, True, False, True)]
+    assert SummaryRouter(pol, summ).act(reqs) == ["act", "sum", "act", "sum"]
+    assert all(r.compaction_required for r in summ.seen) and not any(r.compaction_required for r in pol.seen)
