@@ -1,0 +1,65 @@
+"""The sim's verdict equals real pytest's on generated projects and typical edits (slow: runs pytest).
+
+The code run here is the generator's own output plus edits written by this test, never an agent's;
+the full backend comparison (local and docker sandboxes) lives in tests/sandbox.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from compactrl.envs.generators.code import CodeTaskGenerator
+from compactrl.envs.sandbox.sim import judge_code_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def real_pytest(task, files, tmp_path):
+    for path, content in {**files, **task.check.hidden_files}.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env).stdout
+    passed = set(re.findall(r"^PASSED (\S+)", out, flags=re.M))
+    return {t: t in passed for t in task.check.must_pass}
+
+
+def edits(task):
+    meta = task.metadata
+    bug, src = meta["bug_file"], task.files[meta["bug_file"]]
+    fixed = src
+    for fix in meta["fix"]:
+        fixed = fixed.replace(fix["old"], fix["new"])
+    fact = meta["facts"][0]
+    site = f"{fact['key']} = {fact['value']!r}\n"
+    value = fact["value"]
+    equivalent = (f"{value[:1]!r} + {value[1:]!r}" if isinstance(value, str)
+                  else f"{round(value * 100, 6)!r} / 100" if isinstance(value, float) else f"{value} * 1")
+    helper = meta["sim"]["modules"][bug][1]
+    yield "original", {}
+    yield "fixed", {bug: fixed}
+    yield "fixed, comments and docstrings", {bug: fixed.replace('"""', '"""Edited. ', 1) + "\n# done\n"}
+    yield "fixed, equivalent expression", {bug: fixed.replace(site, f"{fact['key']} = {equivalent}\n")}
+    yield "fixed, annotated", {bug: fixed.replace(site, f"{fact['key']}: object = {value!r}\n")}
+    yield "partly fixed", {bug: fixed.replace(site, f"{fact['key']} = {fact['wrong_value']!r}\n")}
+    yield "name error", {bug: fixed.replace(site, f"{fact['key']} = UNDEFINED\n")}
+    yield "zero division", {bug: fixed.replace(site, f"{fact['key']} = 1 / 0\n")}
+    yield "syntax error", {bug: fixed + "\ndef broken(:\n"}
+    yield "helper docstring", {bug: fixed, helper: task.files[helper].replace('"""', '"""Doc. ', 1)}
+    yield "helper syntax error", {bug: fixed, helper: task.files[helper] + "\nif True\n"}
+    yield "visible test edited", {bug: fixed, next(p for p in task.files if p.startswith("tests/")): "def test_x():\n    assert False\n"}
+
+
+@pytest.mark.parametrize("difficulty, seed", [("easy", 0), ("easy", 1), ("default", 2), ("hard", 3)])
+def test_sim_equals_real_pytest(difficulty, seed, tmp_path):
+    task = CodeTaskGenerator(difficulty).generate(seed)
+    for i, (name, changes) in enumerate(edits(task)):
+        files = {**task.files, **changes}
+        sim = judge_code_task(task, {**files, **task.check.hidden_files})
+        real = real_pytest(task, files, tmp_path / str(i))
+        assert {t: t in sim.passed for t in task.check.must_pass} == real, name
