@@ -1,0 +1,32 @@
+"""Environments: tasks, generators, sandboxes and the tool-using text envs.
+
+Names resolve lazily, so ``import compactrl.envs`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "ToolEnv": "compactrl.envs.code_env",
+    "CodeRepoEnv": "compactrl.envs.code_env",
+    "TaskSampler": "compactrl.envs.code_env",
+    "TaskList": "compactrl.envs.code_env",
+    "make_code_env": "compactrl.envs.code_env",
+    "UnicodeText": "compactrl.envs.spaces",
+    "ToolCall": "compactrl.envs.tools",
+    "FormatError": "compactrl.envs.tools",
+    "parse_action": "compactrl.envs.tools",
+    "format_call": "compactrl.envs.tools",
+    "Task": "compactrl.envs.task",
+    "Check": "compactrl.envs.task",
+    "make_sandbox": "compactrl.envs.sandbox",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'compactrl.envs' has no attribute {name!r}")
