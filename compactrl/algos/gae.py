@@ -32,6 +32,18 @@ __all__ = ["gae", "gae_loop", "trace_gae", "length_adaptive_lambda"]
 _BLOCK = 32
 """Steps per block. 32 balances the GEMM's K (work per token) against the number of levels."""
 
+_SCALAR_MAX = 512
+"""Streams (or carry streams) up to this length are solved by a float64 loop over Python floats:
+below it every torch call (~5 us) costs more than the steps it would save."""
+
+
+def _scalar_scan(x: torch.Tensor, coef: list[float]) -> torch.Tensor:
+    out, acc = x.tolist(), 0.0
+    for t in range(len(out) - 1, -1, -1):
+        acc = out[t] + coef[t] * acc
+        out[t] = acc
+    return torch.tensor(out, dtype=x.dtype, device=x.device)
+
 
 def _host_nonzero(mask: torch.Tensor) -> np.ndarray:
     """Indices of the true entries of a flattened bool tensor, on the host (numpy: ~8x torch on CPU)."""
@@ -108,6 +120,12 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
     ``x`` may be overwritten (the last step of each block absorbs that block's carry).
     """
     n, k, dev = x.numel(), _BLOCK, x.device
+    if n <= _SCALAR_MAX:
+        coef = [g] * n
+        for t in resets.tolist():
+            if t < n:
+                coef[t] = 0.0
+        return _scalar_scan(x, coef)
     xb = _pad_blocks(x)
     w, first_col, _ = _geometric(g, k, x.dtype, str(dev))
     # The stream's own end needs no reset (only zero padding follows) and would force a re-solve.
@@ -140,6 +158,8 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
 def _general_scan(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """Solve ``A_t = x_t + c_t A_{t+1}`` over a 1-D stream with per-step coefficients ``c``."""
     n = x.numel()
+    if n <= _SCALAR_MAX:
+        return _scalar_scan(x, c.tolist())
     a, g = _doubling(_pad_blocks(x), _pad_blocks(c))
     if a.shape[0] == 1:
         return a.view(-1)[:n]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -10,9 +11,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torchrl.objectives.value.functional import generalized_advantage_estimate
 
+import compactrl.algos.gae as gae_module
 from compactrl.algos.gae import gae, gae_loop, length_adaptive_lambda
 
 unit = st.one_of(st.just(1.0), st.floats(0.9, 1.0))
+solvers = pytest.mark.parametrize("solver", ["auto", "blocked"])
+
+
+@contextlib.contextmanager
+def _solver(kind: str):
+    """``blocked`` forces the blocked scan (and its recursion) even on streams short enough for the
+    scalar loop, so that both code paths meet every property."""
+    saved = gae_module._SCALAR_MAX
+    gae_module._SCALAR_MAX = 0 if kind == "blocked" else saved
+    try:
+        yield
+    finally:
+        gae_module._SCALAR_MAX = saved
 
 
 def _streams(seed: int, shape: tuple[int, ...], p_done: float, p_term: float):
@@ -41,6 +56,7 @@ def _torchrl(reward, value, next_value, done, terminated, gamma, lmbda):
 
 
 @pytest.mark.timeout(120)
+@solvers
 @given(
     seed=st.integers(0, 2**31 - 1),
     shape=st.one_of(st.tuples(st.integers(1, 400)), st.tuples(st.integers(1, 4), st.integers(1, 200))),
@@ -49,11 +65,12 @@ def _torchrl(reward, value, next_value, done, terminated, gamma, lmbda):
     gamma=unit,
     lmbda=unit,
 )
-def test_gae_equals_torchrl(seed, shape, p_done, p_term, gamma, lmbda):
+def test_gae_equals_torchrl(solver, seed, shape, p_done, p_term, gamma, lmbda):
     reward, value, next_value, done, terminated = _streams(seed, shape, p_done, p_term)
-    adv, target = gae(
-        reward, value, done, gamma=gamma, lmbda=lmbda, terminated=terminated, next_value=next_value
-    )
+    with _solver(solver):
+        adv, target = gae(
+            reward, value, done, gamma=gamma, lmbda=lmbda, terminated=terminated, next_value=next_value
+        )
     ref_adv, ref_target = _torchrl(reward, value, next_value, done, terminated, gamma, lmbda)
     assert adv.shape == target.shape == value.shape
     torch.testing.assert_close(adv, ref_adv, rtol=1e-5, atol=1e-5)
@@ -61,18 +78,20 @@ def test_gae_equals_torchrl(seed, shape, p_done, p_term, gamma, lmbda):
 
 
 @pytest.mark.timeout(120)
+@solvers
 @given(
     seed=st.integers(0, 2**31 - 1),
     shape=st.one_of(st.tuples(st.integers(1, 300)), st.tuples(st.integers(1, 3), st.integers(1, 150))),
     p_done=st.sampled_from([0.0, 0.02, 0.3]),
     gamma=unit,
 )
-def test_per_token_lambda_equals_loop(seed, shape, p_done, gamma):
+def test_per_token_lambda_equals_loop(solver, seed, shape, p_done, gamma):
     reward, value, next_value, done, terminated = _streams(seed, shape, p_done, 0.5)
     lmbda = torch.rand(shape, generator=torch.Generator().manual_seed(seed + 1))
-    adv, target = gae(
-        reward, value, done, gamma=gamma, lmbda=lmbda, terminated=terminated, next_value=next_value
-    )
+    with _solver(solver):
+        adv, target = gae(
+            reward, value, done, gamma=gamma, lmbda=lmbda, terminated=terminated, next_value=next_value
+        )
     ref_adv, ref_target = gae_loop(
         reward, value, done, gamma=gamma, lmbda=lmbda, terminated=terminated, next_value=next_value
     )
@@ -105,6 +124,23 @@ def _float64_reference(reward: list[float], value: list[float], done: list[bool]
         nxt = reward[t] - value[t] + (0.0 if end else gamma * value[t + 1] + gamma * lmbda * nxt)
         out[t] = nxt
     return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.timeout(120)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    steps=st.integers(500, 40_000),
+    p_done=st.sampled_from([0.0, 1e-3, 0.03, 0.3]),
+    gamma=unit,
+    lmbda=unit,
+)
+def test_medium_streams_match_float64(seed, steps, p_done, gamma, lmbda):
+    """Lengths where the blocked scan recurses and hands short carry streams to the scalar loop."""
+    reward, value, _, done, _ = _streams(seed, (steps,), p_done, 1.0)
+    done[-1] = True
+    adv, _ = gae(reward, value, done, gamma=gamma, lmbda=lmbda)
+    ref = _float64_reference(reward.tolist(), value.tolist(), done.tolist(), gamma, lmbda)
+    torch.testing.assert_close(adv.double(), ref, rtol=1e-5, atol=1e-5 * max(1.0, float(ref.abs().max())))
 
 
 @pytest.mark.timeout(120)
