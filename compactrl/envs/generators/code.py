@@ -212,6 +212,8 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
         files[path] = _insert_statements(rng, cfg, path, lines, facts, "doc")
     files[CONFIG_FILE] = _insert_statements(rng, cfg, CONFIG_FILE, _config_file(rng, cfg, pkg), facts, "config")
     files["pyproject.toml"] = f'[project]\nname = "{pkg}"\nversion = "1.0.0"\nrequires-python = ">=3.10"\n'
+    for test in tests.values():  # every module a test's imports reach (the sim reads it per run)
+        test["reach"] = _closure(test["imports"], imports)
     files = dict(sorted(files.items()))
     visible_tests = {p: c for p, c in files.items() if p.startswith("tests/")}
     meta_facts = [_fact_metadata(f, files) for f in facts]
@@ -244,6 +246,16 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
             "sim": {"modules": imports, "tests": tests, "sites": _sites(bug_lines, facts)},
         },
     )
+
+
+def _closure(start: list[str], graph: dict[str, list[str]]) -> list[str]:
+    seen, todo = set(start), list(start)
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return sorted(seen)
 
 
 def _sites(lines: list[str], facts: list[_Fact]) -> list[dict]:

@@ -201,13 +201,15 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
         else:
             status[path], _ = _module_verdict(files.get(path), task.files[path], ())
     reach = _reach(task)
+    broken = {m for m, s in status.items() if s == "broken"}
+    not_ok = {m for m, s in status.items() if s != "ok"}
     # A test file whose import fails is a collection error, and pytest then runs no test at all.
-    collection_error = any(status[m] == "broken" for r in reach.values() for m in r)
+    collection_error = bool(broken) and any(not r.isdisjoint(broken) for r in reach.values())
     passed, failed = [], []
     for test_id in task.check.must_pass:
         ok = (
             not collection_error
-            and all(status[m] == "ok" for m in reach[test_id])
+            and reach[test_id].isdisjoint(not_ok)
             and all(fact_ok.get(k, False) for k in sim["tests"][test_id]["facts"])
         )
         (passed if ok else failed).append(test_id)
@@ -223,10 +225,13 @@ def _reach(task: Task) -> dict[str, frozenset[str]]:
     key = (task.id, task.files[task.metadata["bug_file"]])
     reach = _REACH.get(key)
     if reach is None:
-        closures = _closures(sim["modules"])
-        reach = _REACH[key] = {
-            t: frozenset().union(*(closures[m] for m in sim["tests"][t]["imports"])) for t in task.check.must_pass
-        }
+        tests = sim["tests"]
+        if all("reach" in tests[t] for t in task.check.must_pass):  # recorded by the generator
+            reach = {t: frozenset(tests[t]["reach"]) for t in task.check.must_pass}
+        else:
+            closures = _closures(sim["modules"])
+            reach = {t: frozenset().union(*(closures[m] for m in tests[t]["imports"])) for t in task.check.must_pass}
+        _REACH[key] = reach
         if len(_REACH) > 1024:
             _REACH.popitem(last=False)
     return reach
