@@ -13,9 +13,11 @@ The solver is a blocked scan with a handful of torch calls per level, exact for 
 ``gamma * lambda`` including 1 (no division, no cancellation of prefix sums): the stream is cut
 into blocks of ``_BLOCK`` steps; within a block the recurrence is a product with a fixed upper
 triangular matrix of powers of ``gamma * lambda`` (one GEMM for the whole stream); blocks that
-contain an episode boundary are re-solved exactly by a log-step scan; the values at the block
-starts then form a recurrence ``_BLOCK`` times shorter, solved the same way, and are added back
-with one rank-1 update. Per-token lambda takes the log-step scan within every block.
+contain an episode boundary are solved with that matrix masked to their segments (one batched
+GEMM); the values at the block starts form a recurrence ``_BLOCK`` times shorter, solved the same
+way, and each block's carry is folded into its last step before the GEMM. Streams of at most
+``_SCALAR_MAX`` steps (also the short carry streams of deeper levels) take a float64 scalar loop.
+Per-token lambda takes a log-step scan within every block.
 """
 
 from __future__ import annotations
