@@ -103,7 +103,12 @@ class SFTConfig:
     demo_episodes: int = 256
     """Oracle episodes collected through the same ContextBudget wrapper as training."""
     summary_quality: float = 0.5
-    """Oracle summary quality in [0, 1]: the share of needed facts its summaries keep."""
+    """Oracle summary quality in [0, 1]: the probability that each fact survives into a summary."""
+    demonstrator: Literal["reading_order", "oracle"] = "reading_order"
+    """``reading_order``: reads candidate files in an order a learner can imitate; ``oracle``: reads
+    the file holding each fact directly (it knows where, from the task metadata)."""
+    keep_truncated: bool = False
+    """Train on demonstrations that hit a limit too (they are mostly loops after a lost fact)."""
     steps: int = 400
     """Optimiser steps."""
     lr: float = 3e-3
@@ -115,6 +120,8 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.summary_quality <= 1.0, "sft.summary_quality", "a value in [0, 1]", self.summary_quality)
+        _check(self.demonstrator in ("reading_order", "oracle"), "sft.demonstrator", "reading_order|oracle",
+               self.demonstrator)
         for name in ("demo_episodes", "batch_traces"):
             _check(getattr(self, name) >= 1, f"sft.{name}", ">= 1", getattr(self, name))
         _check(self.steps >= 0, "sft.steps", ">= 0", self.steps)
@@ -195,7 +202,9 @@ class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
     every: int = 5
-    """Evaluate every this many iterations (and always after SFT and at the end)."""
+    """Evaluate every this many iterations (and always at the end)."""
+    initial: bool = True
+    """Also evaluate at iteration 0 (after SFT, before RL)."""
     episodes: int = 64
     """Held-out episodes per evaluation (the same task seeds every time)."""
     split: str = "test"

@@ -119,3 +119,64 @@ def sft_train(
             on_step(step, row)
     policy.eval()
     return history
+
+
+# -- the demonstrator ----------------------------------------------------------------------------------
+
+
+class ReadingOrderOracle:
+    """An oracle whose every choice a learner can imitate from its own context.
+
+    :class:`~compactrl.policies.scripted.OraclePolicy` reads the file that holds each fact
+    directly: it knows the location from the task's metadata, which a learned policy never sees,
+    so imitating it teaches guessing. This demonstrator reads the candidate files in a fixed
+    order that depends only on the task message's file list (``config/``, ``README.md``,
+    ``docs/``, then the package's other modules), stops as soon as it has seen every fact, and
+    then proceeds as the oracle does (view the bug file, replace, test, submit). Summaries are the
+    oracle's, dropping each fact with probability ``1 - summary_quality``, so a lost fact makes
+    the episode fail, as it would for an agent that trusted a bad summary.
+    """
+
+    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25) -> None:
+        from compactrl.policies.scripted import OraclePolicy
+
+        class _Ordered(OraclePolicy):
+            def _next_call(inner, know, task):  # noqa: N805 - closure over the outer demonstrator
+                call = _next_read(know, task, inner.chunk_lines)
+                return call if call is not None else OraclePolicy._next_call(inner, know, task)
+
+        self._oracle = _Ordered(summary_quality=summary_quality, seed=seed, chunk_lines=chunk_lines)
+
+    def act(self, requests):
+        return self._oracle.act(requests)
+
+
+def reading_order(files: list[str], bug_file: str) -> list[str]:
+    """Where facts may be stated, in the order a careful agent reads them (from the file list only)."""
+    def rank(path: str) -> tuple[int, str]:
+        if path.startswith("config/"):
+            return (0, path)
+        if path == "README.md":
+            return (1, path)
+        if path.startswith("docs/"):
+            return (2, path)
+        return (3, path)
+
+    candidates = [p for p in files if p != bug_file and not p.startswith("tests/") and p.endswith((".md", ".toml", ".py"))
+                  and p != "pyproject.toml" and not p.endswith("__init__.py")]
+    return sorted(candidates, key=rank)
+
+
+def _next_read(know, task, chunk_lines: int):
+    """The next chunk to read while a fact is still unknown, or None when reading is done."""
+    from compactrl.envs.tools import ToolCall
+
+    meta = task.metadata
+    if all(f["key"] in know.facts for f in meta["facts"]):
+        return None
+    for path in reading_order(sorted(task.files), meta["bug_file"]):
+        total = task.files[path].count("\n") + (0 if task.files[path].endswith("\n") else 1)
+        done = know.read.get(path, 0)
+        if done < total:
+            return ToolCall("view", path=path, start=done + 1, end=done + chunk_lines)
+    return None

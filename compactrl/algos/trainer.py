@@ -100,16 +100,24 @@ class SummaryRouter:
 
 
 def collect_demonstrations(cfg: TrainConfig, pad_id: int) -> tuple[TensorDict, dict[str, float]]:
-    """Oracle episodes with imperfect summaries, through the training wrapper, as one trace batch."""
+    """Scripted episodes with imperfect summaries, through the training wrapper, as one trace batch.
+
+    Episodes that hit a limit are dropped unless ``sft.keep_truncated`` (see :class:`SFTConfig`);
+    the returned statistics describe every collected episode.
+    """
+    from compactrl.algos.sft import ReadingOrderOracle
     from compactrl.policies.scripted import OraclePolicy
 
-    oracle = OraclePolicy(summary_quality=cfg.sft.summary_quality, seed=cfg.seed)
-    collector = TraceCollector(make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), oracle,
+    make = ReadingOrderOracle if cfg.sft.demonstrator == "reading_order" else OraclePolicy
+    demonstrator = make(summary_quality=cfg.sft.summary_quality, seed=cfg.seed)
+    collector = TraceCollector(make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), demonstrator,
                                episodes_per_batch=cfg.sft.demo_episodes, seed=cfg.seed + 7, pad_id=pad_id)
     try:
         demos = collector.next()
     finally:
         collector.shutdown()
+    if not cfg.sft.keep_truncated and not bool(demos["truncated"].all()):
+        demos = demos[~demos["truncated"]]
     return demos, collector.last_batch_stats
 
 
@@ -278,7 +286,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
         if ppo:
             critic = ValueModel.from_policy(policy)
             critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.rl.critic_lr, weight_decay=0.0)
-        row0.update(evaluate())
+        if cfg.eval.initial:
+            row0.update(evaluate())
         row0["time/wall_clock_s"] = time.perf_counter() - t_start
         run.append_row(row0)
         start = 1
