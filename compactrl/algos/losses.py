@@ -217,6 +217,13 @@ class _PolicyLoss(LossModule):
         super().__init__()
         self.actor = actor
         self.config = config
+        keys = ["tokens", "attention_mask", "policy_mask", "sample_log_prob", "advantage"]
+        keys += [] if config.train_summaries else ["summary_mask"]
+        keys += [config.kl_ref_key] if config.kl_coef > 0 else []
+        self.in_keys = keys + (["old_log_prob"] if config.tis_cap is not None else [])
+        self.out_keys = ["loss_objective"] + [
+            key for key, on in (("loss_entropy", config.entropy_coef), ("loss_kl", config.kl_coef)) if on > 0
+        ]
 
     def _reduce(self, x: torch.Tensor, mask: torch.Tensor, td: TensorDictBase) -> torch.Tensor:
         if self.config.normalization == "token":
@@ -276,6 +283,8 @@ class CriticPPOLoss(_PolicyLoss):
     def __init__(self, actor: nn.Module, critic: nn.Module, config: CriticPPOConfig | None = None):
         super().__init__(actor, config or CriticPPOConfig())
         self.critic = critic
+        self.in_keys = [*self.in_keys, "value", "value_target"]
+        self.out_keys = [*self.out_keys, "loss_critic"]
 
     def critic_loss(self, td: TensorDictBase) -> TensorDict:
         """``loss_critic`` over every policy token, with value diagnostics."""

@@ -136,7 +136,10 @@ def test_ppo_outputs_and_diagnostics():
     trace_gae(batch, gamma=0.99, lmbda=0.95)
     loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.01, kl_coef=0.1, tis_cap=2.0))
     assert isinstance(loss, LossModule)
+    assert "CriticPPOLoss" in repr(loss)
+    assert {"advantage", "value_target", "ref_log_prob", "old_log_prob"} <= set(loss.in_keys)
     out = loss(batch)
+    assert set(loss.out_keys) <= set(out.keys())
     for key in (
         "loss_objective",
         "loss_critic",
