@@ -20,7 +20,12 @@ IMAGE=${COMPACTRL_SANDBOX_IMAGE:-compactrl-sandbox:latest}
 SOCK=${COMPACTRL_PODMAN_SOCK:-/run/compactrl-podman.sock}
 CACHE=${COMPACTRL_CACHE:-/var/cache/compactrl}
 SUITE=${COMPACTRL_DEBIAN_SUITE:-bookworm}
-MIRROR=${COMPACTRL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror this machine's apt already uses (first main archive URI in its sources).
+apt_mirror() {
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}'
+    grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}'; } | grep -v -- '-security' | head -n 1
+}
+MIRROR=${COMPACTRL_DEBIAN_MIRROR:-$(apt_mirror)}
 PY=.venv/bin/python
 log() { echo "ci_docker: $*" >&2; }
 
