@@ -25,6 +25,9 @@ import builtins
 import importlib
 import logging
 import math
+import sys
+import tomllib
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
@@ -177,7 +180,8 @@ _REPORTS: OrderedDict[tuple, TestReport] = OrderedDict()
 
 def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
     """Per-test verdict of a generated code task on ``files`` (see the module docstring)."""
-    key = (task.id, task.files.get(task.metadata["bug_file"]), *(files.get(m) for m in task.metadata["sim"]["modules"]))
+    key = (task.id, task.files.get(task.metadata["bug_file"]), tuple(files),
+           *(c for p, c in files.items() if p.endswith(".py") or p in _CONFIG_FILES))
     report = _REPORTS.get(key)
     if report is None:
         report = _REPORTS[key] = _judge(task, files)
@@ -190,6 +194,9 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
     meta = task.metadata
     sim = meta["sim"]
     bug_file = meta["bug_file"]
+    problem = _config_problem(files)
+    if problem is not None:  # pytest exits with a usage error before collecting anything
+        return TestReport((), tuple(task.check.must_pass), f"ERROR: {problem}\nno tests ran (sim)", False)
     facts = tuple((f["key"], f["compare"], f["value"]) for f in meta["facts"])
     sites = tuple((s["line"], s["key"], frozenset(s["names_before"])) for s in sim.get("sites", ())) or None
     status: dict[str, str] = {}
@@ -200,18 +207,16 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
             fact_ok.update(ok)
         else:
             status[path], _ = _module_verdict(files.get(path), task.files[path], ())
+    errors = _collection_errors(task, files, status)
+    if errors:  # pytest reports "Interrupted: N errors during collection" and runs no test at all
+        lines = [f"ERROR {p}" for p in errors] + [f"Interrupted: {len(errors)} error(s) during collection (sim)"]
+        return TestReport((), tuple(task.check.must_pass), "\n".join(lines), False)
     reach = _reach(task)
-    broken = {m for m, s in status.items() if s == "broken"}
-    not_ok = {m for m, s in status.items() if s != "ok"}
-    # A test file whose import fails is a collection error, and pytest then runs no test at all.
-    collection_error = bool(broken) and any(not r.isdisjoint(broken) for r in reach.values())
+    # A missing module nobody imports is no error (a missing __init__.py makes a namespace package).
+    not_ok = {m for m, s in status.items() if s == "changed" or (s == "broken" and m in files)}
     passed, failed = [], []
     for test_id in task.check.must_pass:
-        ok = (
-            not collection_error
-            and reach[test_id].isdisjoint(not_ok)
-            and all(fact_ok.get(k, False) for k in sim["tests"][test_id]["facts"])
-        )
+        ok = reach[test_id].isdisjoint(not_ok) and all(fact_ok.get(k, False) for k in sim["tests"][test_id]["facts"])
         (passed if ok else failed).append(test_id)
     return TestReport(tuple(passed), tuple(failed), _pytest_like_output(passed, failed), not failed)
 
@@ -568,3 +573,342 @@ def _matches(value: object, compare: str, expected: object) -> bool:
     if compare == "str":
         return type(value) is str and value == expected
     raise ValueError(f"unknown compare rule {compare!r}")
+
+
+# -- collection: what pytest does before it runs a test -----------------------------------------
+#
+# Modelled on pytest 9 with the task's command (``python -m pytest`` in the work dir, no options):
+# the config files it reads from the work dir, the files it collects by default (``test_*.py``,
+# ``*_test.py``, ``conftest.py``; not under ``.*``, ``build``, ``dist``... or a virtualenv), their
+# module names ("prepend" import mode) and whether importing each certainly raises. Only *certain*
+# errors count: code the analysis cannot decide (a call, a loop, a third-party import) is assumed
+# to import fine.
+
+_CONFIG_FILES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+_NORECURSE = frozenset({"_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}"})
+_MODULE_DUNDERS = frozenset({"__name__", "__file__", "__doc__", "__package__", "__loader__", "__spec__",
+                             "__builtins__", "__cached__", "__annotations__", "__path__"})
+_DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "setattr", "__import__", "__getattr__", "__dict__", "modules"})
+
+
+def _config_problem(files: dict[str, str]) -> str | None:
+    """Why pytest stops with a usage error before collecting (from the config files it looks for in
+    the work dir, in its precedence order); None if it starts. INI files are not parsed."""
+    for name in _CONFIG_FILES:
+        text = files.get(name)
+        if text is None:
+            continue
+        if not name.endswith(".toml"):
+            return None  # pytest.ini configures whatever it holds; tox.ini/setup.cfg: not modelled
+        problem, configures = _toml_config(name, text)
+        if problem is not None or configures:
+            return problem
+    return None
+
+
+@lru_cache(maxsize=256)
+def _toml_config(name: str, text: str) -> tuple[str | None, bool]:
+    """``(usage error or None, whether the file is pytest's configuration)``, as pytest's loaders."""
+    try:
+        text.encode("utf-8")  # pytest reads it as UTF-8 text with universal newlines
+        doc = tomllib.loads(text.replace("\r\n", "\n").replace("\r", "\n"))
+    except UnicodeError:
+        return f"{name}: not valid UTF-8", False
+    except tomllib.TOMLDecodeError as exc:
+        return f"{name}: {exc}", False
+    if name != "pyproject.toml":  # pytest.toml: always the configuration, from its [pytest] table
+        loose = [k for k, v in doc.items() if not isinstance(v, dict)]
+        bad = not isinstance(doc.get("pytest", {}), dict) or ("pytest" not in doc and loose)
+        return (f"{name}: pytest configuration must be under a [pytest] table" if bad else None), True
+    tool = doc.get("tool", {})
+    table = tool.get("pytest", {}) if isinstance(tool, dict) else None
+    if not isinstance(table, dict):
+        return f"{name}: [tool] and [tool.pytest] must be tables", False
+    toml_mode, ini = any(k != "ini_options" for k in table), table.get("ini_options")
+    if toml_mode and ini:
+        return f"{name}: cannot use both [tool.pytest] and [tool.pytest.ini_options]", True
+    return None, toml_mode or ini is not None
+
+
+@lru_cache(maxsize=1024)
+def _collected(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The files pytest imports while collecting from the work dir, in path order."""
+    venvs = {p.rpartition("/")[0] for p in paths if p.rpartition("/")[2] == "pyvenv.cfg"} - {""}
+    out = []
+    for path in sorted(paths):
+        *dirs, name = path.split("/")
+        if not (name == "conftest.py" or (name.startswith("test_") and name.endswith(".py") and len(name) >= 8)
+                or name.endswith("_test.py")):
+            continue
+        if any(d.startswith(".") or d.endswith(".egg") or d in _NORECURSE or "/".join(dirs[: i + 1]) in venvs
+               for i, d in enumerate(dirs)):
+            continue
+        out.append(path)
+    return tuple(out)
+
+
+def _test_module(path: str, files: dict[str, str]) -> tuple[str, str]:
+    """``(basedir, dotted module name)`` of a collected file: pytest's "prepend" mode puts the first
+    directory above it without an ``__init__.py`` on ``sys.path`` and imports it from there."""
+    parts = path.split("/")
+    i = len(parts) - 1
+    while i > 0 and "/".join(parts[:i]) + "/__init__.py" in files:
+        i -= 1
+    return "/".join(parts[:i]), ".".join(parts[i:])[: -len(".py")]
+
+
+def _collection_errors(task: Task, files: dict[str, str], status: dict[str, str]) -> list[str]:
+    """The collected files whose import certainly fails (each a collection error)."""
+    collected = _collected(tuple(files))
+    modules = {p: _test_module(p, files) for p in collected}
+    roots = sorted({base for base, _ in modules.values()} - {""}, reverse=True) + [""]
+    sources = {p: None if s == "broken" else task.files[p] if s == "ok" else files[p] for p, s in status.items()}
+    importer = _Importer(files, sources, roots)
+    seen: set[str] = set()
+    errors = []
+    for path in collected:
+        base, name = modules[path]
+        duplicate = name in seen and not path.endswith("conftest.py")  # "import file mismatch"
+        seen.add(name)
+        if duplicate or importer.import_raises(name, 0, None, ""):
+            errors.append(path)
+    return errors
+
+
+class _Importer:
+    """Whether importing a module of the work dir certainly raises, from the files' static facts."""
+
+    def __init__(self, files: dict[str, str], sources: dict[str, str | None], roots: list[str]) -> None:
+        self.files, self.sources, self.roots = files, sources, roots
+        self.raises: dict[str, bool] = {}
+        self.names: dict[str, str] = {}  # path -> dotted module name it was imported as
+        self._dirs: set[str] | None = None
+
+    def is_dir(self, path: str) -> bool:
+        if self._dirs is None:
+            self._dirs = {"/".join(p.split("/")[:i]) for p in self.files for i in range(1, p.count("/") + 1)}
+        return path in self._dirs
+
+    def file_raises(self, path: str) -> bool:
+        if path not in self.raises:
+            self.raises[path] = False  # an import cycle meets a partly run module: not modelled
+            source = self.sources.get(path, self.files.get(path))
+            info = _file_info(source) if source is not None else None
+            self.raises[path] = info is None or info.raises or any(
+                self.import_raises(*imp, path) for imp in info.imports)
+        return self.raises[path]
+
+    def import_raises(self, module: str, level: int, names: tuple[str, ...] | None, importer: str) -> bool:
+        """``import module`` (``names`` None) or ``from module import names`` run by ``importer``."""
+        if level:
+            package = self.names.get(importer, "").split(".")
+            package = package if importer.endswith("__init__.py") else package[:-1]
+            if level - 1 >= len(package) or not package[0]:
+                return True  # no known parent package / beyond the top-level package
+            module = ".".join(package[: len(package) - level + 1] + ([module] if module else []))
+        found = self.find(module)
+        if found is None:
+            return True  # ModuleNotFoundError
+        run, target = found
+        if any(self.file_raises(f) for f in run):
+            return True
+        if names is None or not target:  # a plain import, or a module outside the work dir
+            return False
+        info = _file_info(self.sources.get(target) or self.files[target]) if target.endswith(".py") else None
+        for name in names:
+            if info is not None and (info.names is None or name in info.names or name in _MODULE_DUNDERS):
+                continue
+            sub = self.find(f"{module}.{name}")
+            if sub is None or any(self.file_raises(f) for f in sub[0]):
+                return True  # ImportError: cannot import name, or the submodule raises
+        return False
+
+    def find(self, module: str) -> tuple[list[str], str] | None:
+        """``(files importing module runs, packages' __init__.py first; its file, or its directory
+        for a namespace package, or "" for a module outside the work dir)``: the standard library
+        and installed packages are assumed importable. None where it certainly does not exist."""
+        parts = module.split(".")
+        if parts[0] in sys.stdlib_module_names or parts[0] in sys.builtin_module_names:
+            return [], ""
+        bases = [f"{r}/{parts[0]}" if r else parts[0] for r in self.roots]
+        run: list[str] = []
+        target = ""
+        for depth, part in enumerate(parts):
+            if depth:
+                bases = [f"{b}/{part}" for b in bases]
+            hit = next((b for b in bases if f"{b}/__init__.py" in self.files or f"{b}.py" in self.files), None)
+            if hit is not None:
+                target = f"{hit}/__init__.py" if f"{hit}/__init__.py" in self.files else f"{hit}.py"
+                self.names.setdefault(target, ".".join(parts[: depth + 1]))
+                run.append(target)
+                bases = [hit] if target.endswith("__init__.py") else []
+            else:
+                bases = [b for b in bases if self.is_dir(b)]
+                if not bases:
+                    return ([], "") if depth == 0 else None  # an unknown top-level name: maybe installed
+                target = bases[0]  # a namespace package: no code
+        return run, target
+
+
+class _FileInfo:
+    """What importing a source certainly does: raise on its own, import modules, bind names."""
+
+    __slots__ = ("raises", "imports", "names")
+
+    def __init__(self, raises: bool, imports: tuple, names: frozenset[str] | None) -> None:
+        self.raises = raises  # its own top-level code certainly raises (compile errors included)
+        self.imports = imports  # (module, level, from-names or None) of its unconditional imports
+        self.names = names  # every name its top level may bind; None: any (star import, __getattr__...)
+
+
+@lru_cache(maxsize=4096)
+def _file_info(source: str) -> _FileInfo:
+    try:
+        tree = ast.parse(source)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(tree, "<sim>", "exec", dont_inherit=True)  # compiles only: `return` outside a function...
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return _FileInfo(True, (), frozenset())
+    imports = tuple(
+        imp for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom)) for imp in _import_requests(stmt))
+    names = _module_names(tree)
+    future = any(isinstance(s, ast.ImportFrom) and s.module == "__future__" and any(a.name == "annotations" for a in s.names)
+                 for s in tree.body)
+    return _FileInfo(_body_raises(tree.body, set(_MODULE_DUNDERS), names is None, future), imports, names)
+
+
+def _import_requests(stmt: ast.Import | ast.ImportFrom) -> list[tuple[str, int, tuple[str, ...] | None]]:
+    if isinstance(stmt, ast.Import):
+        return [(a.name, 0, None) for a in stmt.names]
+    if stmt.module == "__future__":
+        return []
+    return [(stmt.module or "", stmt.level, tuple(a.name for a in stmt.names if a.name != "*"))]
+
+
+def _module_names(tree: ast.Module) -> frozenset[str] | None:
+    """Every name the module's top level may bind (a superset); None when it may bind any name."""
+    names: set[str] = set()
+    todo: list[ast.AST] = list(tree.body)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+        elif (isinstance(node, ast.Name) and node.id in _DYNAMIC) or (isinstance(node, ast.Attribute) and node.attr in _DYNAMIC):
+            return None
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+        elif isinstance(node, ast.Lambda):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return None if "__getattr__" in names else frozenset(names)
+
+
+def _body_raises(body: list[ast.stmt], bound: set[str], any_name: bool, future: bool) -> bool:
+    """Whether running these top-level (or class-body) statements certainly raises; binds names
+    into ``bound`` as it goes. Imports are judged by the caller (they are resolved on the files)."""
+    for stmt in body:
+        if _stmt_raises(stmt, bound, any_name, future):
+            return True
+        if isinstance(stmt, ast.Delete):
+            bound.difference_update(n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        else:
+            bound.update(_bound_names(stmt))
+    return False
+
+
+def _stmt_raises(stmt: ast.stmt, bound: set[str], any_name: bool, future: bool) -> bool:
+    check = lambda *exprs: any(e is not None and _expr_raises(e, bound, any_name) for e in exprs)  # noqa: E731
+    if isinstance(stmt, ast.Raise):
+        return True
+    if isinstance(stmt, (ast.Expr, ast.Assign)):
+        return check(stmt.value)
+    if isinstance(stmt, ast.AnnAssign):
+        return check(stmt.value, None if future or not stmt.simple else stmt.annotation)
+    if isinstance(stmt, ast.AugAssign):
+        return check(stmt.value) or (isinstance(stmt.target, ast.Name) and not any_name and not _known(stmt.target.id, bound))
+    if isinstance(stmt, ast.Delete):
+        return not any_name and any(isinstance(t, ast.Name) and t.id not in bound for t in stmt.targets)
+    if isinstance(stmt, ast.Assert):
+        value = _value_or_unknown(stmt.test, bound)
+        return check(stmt.test) or (value is not _UNKNOWN and not value)
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = stmt.args
+        annotations = [] if future else [x.annotation for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+                                         if x is not None] + [stmt.returns]
+        return check(*stmt.decorator_list, *a.defaults, *a.kw_defaults, *annotations)
+    if isinstance(stmt, ast.ClassDef):
+        return (check(*stmt.decorator_list, *stmt.bases, *(k.value for k in stmt.keywords))
+                or _body_raises(stmt.body, set(bound), any_name, future))
+    if isinstance(stmt, ast.If):
+        if _is_main_guard(stmt.test):
+            return _body_raises(stmt.orelse, bound, any_name, future)
+        value = _value_or_unknown(stmt.test, bound)
+        if value is _UNKNOWN:
+            return check(stmt.test)
+        return _body_raises(stmt.body if value else stmt.orelse, bound, any_name, future)
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return check(stmt.iter)
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return check(stmt.items[0].context_expr)
+    return False  # pass, imports, global, and compound statements the analysis does not follow
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"``: false when the module is imported."""
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__")
+
+
+def _known(name: str, bound: set[str]) -> bool:
+    return name in bound or hasattr(builtins, name)
+
+
+def _value_or_unknown(node: ast.expr, bound: set[str]) -> object:
+    try:
+        return _eval(node, dict.fromkeys(bound, _UNKNOWN))
+    except _Raises:
+        return _UNKNOWN
+
+
+def _expr_raises(node: ast.expr, bound: set[str], any_name: bool) -> bool:
+    """Whether evaluating the expression certainly raises: the evaluator raises (a name error, a
+    division by zero, a bad operand type...), or it loads an unbound name on a path always taken."""
+    try:
+        _eval(node, dict.fromkeys(bound, _UNKNOWN))
+    except _Raises as exc:
+        return not (any_name and str(exc) == "NameError")
+    if any_name or any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+        return False
+    return _unbound_load(node, bound)
+
+
+def _unbound_load(node: ast.AST, bound: set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return isinstance(node.ctx, ast.Load) and not _known(node.id, bound)
+    if isinstance(node, ast.Lambda):
+        children: list = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    elif isinstance(node, ast.BoolOp):
+        children = node.values[:1]
+    elif isinstance(node, ast.IfExp):
+        children = [node.test]
+    elif isinstance(node, ast.Compare):
+        children = [node.left, node.comparators[0]]
+    elif isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        children = [node.generators[0].iter]
+    else:
+        children = list(ast.iter_child_nodes(node))
+    return any(_unbound_load(c, bound) for c in children)
