@@ -38,6 +38,19 @@ _SCALAR_MAX = 512
 """Streams (or carry streams) up to this length are solved by a float64 loop over Python floats:
 below it every torch call (~5 us) costs more than the steps it would save."""
 
+_GRAIN = 1 << 15
+"""torch's parallel grain size: elementwise ops on fewer elements run on the calling thread. A
+multi-threaded GEMM on small blocks mostly waits for its worker threads to wake up (milliseconds
+on a busy machine), so work this small avoids BLAS: block products of at most this many terms are
+broadcast-multiply-sums, and streams of ``_BLOCK`` to ``_GRAIN`` steps take the log-step scan."""
+
+
+def _small_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` (``x [..., M, K]``, ``w [..., K, J]``), without BLAS threads when small."""
+    if x.numel() * w.shape[-1] <= _GRAIN:
+        return (x.unsqueeze(-1) * w.unsqueeze(-3)).sum(-2)
+    return x @ w
+
 
 def _scalar_scan(x: torch.Tensor, coef: list[float]) -> torch.Tensor:
     out, acc = x.tolist(), 0.0
@@ -59,18 +72,22 @@ def _doubling(x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     """Solve ``A_t = x_t + c_t A_{t+1}`` inside every row of ``[R, K]`` (``A_K = 0``) by log-step scan.
 
     Returns ``A`` and ``G`` with ``G_t = prod_{u=t}^{K-1} c_u``, the weight of what follows the row.
-    Exact for any coefficients: products only ever shrink towards zero, nothing is divided.
+    Exact for any coefficients: products only shrink towards zero, nothing is divided. Rows are
+    padded on the right (A with 0, G with 1) so that every step is two ops on fixed views.
     """
-    a, g = x, c
-    k, d = x.shape[-1], 1
+    rows, k = x.shape
+    a = [torch.zeros((rows, 2 * k), dtype=x.dtype, device=x.device) for _ in range(2)]
+    g = [torch.ones((rows, 2 * k), dtype=x.dtype, device=x.device) for _ in range(2)]
+    a_head, g_head = [t.narrow(1, 0, k) for t in a], [t.narrow(1, 0, k) for t in g]
+    a_head[0].copy_(x)
+    g_head[0].copy_(c)
+    d, cur = 1, 0
     while d < k:
-        a_new, g_new = torch.empty_like(a), torch.empty_like(g)
-        torch.addcmul(a[:, :-d], g[:, :-d], a[:, d:], out=a_new[:, :-d])
-        a_new[:, -d:] = a[:, -d:]
-        torch.mul(g[:, :-d], g[:, d:], out=g_new[:, :-d])
-        g_new[:, -d:] = g[:, -d:]
-        a, g, d = a_new, g_new, 2 * d
-    return a, g
+        nxt = 1 - cur
+        torch.addcmul(a_head[cur], g_head[cur], a[cur].narrow(1, d, k), out=a_head[nxt])
+        torch.mul(g_head[cur], g[cur].narrow(1, d, k), out=g_head[nxt])
+        d, cur = 2 * d, nxt
+    return a_head[cur].contiguous(), g_head[cur]
 
 
 def _pad_blocks(x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +128,7 @@ def _reset_blocks(x: torch.Tensor, g: float, reset: np.ndarray) -> tuple[torch.T
         return _doubling(x, torch.from_numpy(np.where(reset, 0.0, g)).to(x.device, x.dtype))
     before = np.concatenate([np.zeros((rows, 1), dtype=np.int64), np.cumsum(reset, 1)], 1)
     same = torch.from_numpy(before[:, :k, None] == before[:, None, :k]).to(x.device)
-    local = torch.bmm(x[:, None, :], w * same).squeeze(1)
+    local = _small_matmul(x[:, None, :], w * same).squeeze(1)
     open_tail = torch.from_numpy(before[:, :k] == before[:, k:]).to(x.device)
     return local, tail * open_tail
 
@@ -128,6 +145,10 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
             if t < n:
                 coef[t] = 0.0
         return _scalar_scan(x, coef)
+    if _BLOCK * _BLOCK < n <= _GRAIN:
+        coef = torch.full_like(x, g)
+        coef[torch.from_numpy(resets).to(dev)] = 0.0
+        return _general_scan(x, coef)
     xb = _pad_blocks(x)
     w, first_col, _ = _geometric(g, k, x.dtype, str(dev))
     # The stream's own end needs no reset (only zero padding follows) and would force a re-solve.
@@ -143,7 +164,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
         local, weight = _reset_blocks(xb[rows], g, reset)
     carry = None
     if xb.shape[0] > 1:
-        first = xb @ first_col
+        first = _small_matmul(xb, first_col[:, None]).squeeze(1)
         if local is not None:
             first[rows] = local[:, 0]
         cut_rows = np.unique(blk)
@@ -151,7 +172,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
         clean = carry.index_fill(0, torch.from_numpy(cut_rows).to(dev), 0.0) if cut_rows.size else carry
         # g * carry folded into a block's last step makes the GEMM add g^(K-t) * carry at every t.
         xb[:, -1].add_(clean, alpha=g)
-    a = xb @ w
+    a = _small_matmul(xb, w)
     if local is not None:
         a[rows] = local if carry is None else torch.addcmul(local, weight, carry[rows, None])
     return a.view(-1)[:n]
