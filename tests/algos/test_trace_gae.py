@@ -187,3 +187,20 @@ def test_bad_batches_raise_value_error():
         trace_gae(batch.exclude("value"), gamma=0.9, lmbda=0.9)
     with pytest.raises(ValueError, match="not whole"):
         trace_gae(batch[1:].clone(), gamma=0.9, lmbda=0.9)  # row 0 is trace 0 of episode 0
+
+
+@pytest.mark.timeout(60)
+@given(seed=seeds, alpha=st.floats(0.01, 2.0))
+def test_length_adaptive_lambda_under_cut_uses_trace_length(seed, alpha):
+    batch = batch_with_values(random_episodes(seed, truncated_share=0.0), seed)
+    trace_gae(batch, gamma=1.0, length_adaptive_alpha=alpha, boundary="cut")
+    for r in range(batch.shape[0]):
+        cols = batch["policy_mask"][r].nonzero().squeeze(1)
+        values = batch["value"][r, cols]
+        rewards = torch.zeros_like(values)
+        rewards[-1] = batch["episode_reward"][r]
+        done = torch.zeros(cols.numel(), dtype=torch.bool)
+        done[-1] = True
+        lam = float(length_adaptive_lambda(torch.tensor([cols.numel()]), alpha))
+        adv, _ = gae(rewards, values, done, gamma=1.0, lmbda=lam)
+        torch.testing.assert_close(batch["advantage"][r, cols], adv, rtol=1e-5, atol=1e-5)
