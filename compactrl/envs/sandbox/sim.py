@@ -647,6 +647,67 @@ def _collected(paths: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _raising_modules(task: Task, files: dict[str, str], status: dict[str, str]) -> set[str] | None:
+    """The modules whose own code raises at import, when every module is present and imports what
+    its original imports and may still bind every name its original binds (then a test file fails
+    to import iff its imports reach one of them); None otherwise."""
+    raising = set()
+    for path, state in status.items():
+        if path not in files:
+            return None
+        if state == "broken":
+            raising.add(path)
+        elif state == "changed":
+            info, original = _file_info(files[path]), _generated_info(task.files[path])
+            if info.raises:
+                raising.add(path)
+            elif info.imports != original.imports or (info.names is not None and not original.names <= info.names):
+                return None
+    return raising
+
+
+def _as_generated(task: Task, files: dict[str, str]) -> bool:
+    """Whether the Python files, their paths, the collected test files and the config files are the
+    generated project's (the modules' contents aside: the caller judges those)."""
+    py, collected, config = _generated_layout(task)
+    if not all(files.get(n) == c for n, c in config) or not all(p in files for p in py):
+        return False
+    if not all(files[p] is c or files[p] == c for p, c in collected):
+        return False
+    extra = [p for p in files if p.endswith(".py") and p not in py]
+    return not extra or (_collected(tuple(files)) == tuple(p for p, _ in collected)
+                         and all(_cannot_shadow(p, task, collected) for p in extra))
+
+
+def _cannot_shadow(path: str, task: Task, collected: tuple[tuple[str, str], ...]) -> bool:
+    """Whether an added, uncollected module can change no import: it is no package's
+    ``__init__.py`` (a package directory wins over a module of the same name), is not next to the
+    test files (their directory is on ``sys.path``) and not named like the project's package."""
+    folder, _, name = path.rpartition("/")
+    return (name != "__init__.py" and name != f"{task.metadata['package']}.py"
+            and not any(p.rpartition("/")[0] == folder for p, _ in collected))
+
+
+_LAYOUTS: OrderedDict[tuple[str, str], tuple] = OrderedDict()
+
+
+def _generated_layout(task: Task) -> tuple[frozenset[str], tuple[tuple[str, str], ...], tuple[tuple[str, str | None], ...]]:
+    """The generated project's Python paths, collected files with their contents (the hidden tests
+    installed) and config files (cached per task)."""
+    key = (task.id, task.files[task.metadata["bug_file"]])
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        files = task.files | task.check.hidden_files
+        layout = _LAYOUTS[key] = (
+            frozenset(p for p in files if p.endswith(".py")),
+            tuple((p, files[p]) for p in _collected(tuple(files))),
+            tuple((n, files.get(n)) for n in _CONFIG_FILES),
+        )
+        if len(_LAYOUTS) > 1024:
+            _LAYOUTS.popitem(last=False)
+    return layout
+
+
 def _test_module(path: str, files: dict[str, str]) -> tuple[str, str]:
     """``(basedir, dotted module name)`` of a collected file: pytest's "prepend" mode puts the first
     directory above it without an ``__init__.py`` on ``sys.path`` and imports it from there."""
@@ -659,11 +720,16 @@ def _test_module(path: str, files: dict[str, str]) -> tuple[str, str]:
 
 def _collection_errors(task: Task, files: dict[str, str], status: dict[str, str]) -> list[str]:
     """The collected files whose import certainly fails (each a collection error)."""
+    broken = _raising_modules(task, files, status) if _as_generated(task, files) else None
+    if broken is not None:  # the generated layout, each module's imports and names kept
+        reach = _reach(task)
+        return sorted({task.metadata["sim"]["tests"][t]["file"] for t in reach if not reach[t].isdisjoint(broken)})
     collected = _collected(tuple(files))
     modules = {p: _test_module(p, files) for p in collected}
     roots = sorted({base for base, _ in modules.values()} - {""}, reverse=True) + [""]
     sources = {p: None if s == "broken" else task.files[p] if s == "ok" else files[p] for p, s in status.items()}
-    importer = _Importer(files, sources, roots)
+    generated = {p for p, s in status.items() if s == "ok"} | {p for p, c in _generated_layout(task)[1] if files.get(p) == c}
+    importer = _Importer(files, sources, roots, generated)
     seen: set[str] = set()
     errors = []
     for path in collected:
@@ -678,8 +744,10 @@ def _collection_errors(task: Task, files: dict[str, str], status: dict[str, str]
 class _Importer:
     """Whether importing a module of the work dir certainly raises, from the files' static facts."""
 
-    def __init__(self, files: dict[str, str], sources: dict[str, str | None], roots: list[str]) -> None:
+    def __init__(self, files: dict[str, str], sources: dict[str, str | None], roots: list[str],
+                 generated: set[str]) -> None:
         self.files, self.sources, self.roots = files, sources, roots
+        self.generated = generated  # paths whose source is the generator's (imports fine by itself)
         self.raises: dict[str, bool] = {}
         self.names: dict[str, str] = {}  # path -> dotted module name it was imported as
         self._dirs: set[str] | None = None
@@ -693,7 +761,7 @@ class _Importer:
         if path not in self.raises:
             self.raises[path] = False  # an import cycle meets a partly run module: not modelled
             source = self.sources.get(path, self.files.get(path))
-            info = _file_info(source) if source is not None else None
+            info = None if source is None else (_generated_info if path in self.generated else _file_info)(source)
             self.raises[path] = info is None or info.raises or any(
                 self.import_raises(*imp, path) for imp in info.imports)
         return self.raises[path]
@@ -714,7 +782,8 @@ class _Importer:
             return True
         if names is None or not target:  # a plain import, or a module outside the work dir
             return False
-        info = _file_info(self.sources.get(target) or self.files[target]) if target.endswith(".py") else None
+        source = self.sources.get(target) or self.files[target]
+        info = (_generated_info if target in self.generated else _file_info)(source) if target.endswith(".py") else None
         for name in names:
             if info is not None and (info.names is None or name in info.names or name in _MODULE_DUNDERS):
                 continue
@@ -778,6 +847,15 @@ def _file_info(source: str) -> _FileInfo:
     return _FileInfo(_body_raises(tree.body, set(_MODULE_DUNDERS), names is None, future), imports, names)
 
 
+@lru_cache(maxsize=4096)
+def _generated_info(source: str) -> _FileInfo:
+    """:func:`_file_info` of a generated file (top-level definitions, assignments and imports only,
+    which import fine by themselves): parsed, not compiled or walked."""
+    body = ast.parse(source).body
+    imports = tuple(imp for stmt in body if isinstance(stmt, (ast.Import, ast.ImportFrom)) for imp in _import_requests(stmt))
+    return _FileInfo(False, imports, frozenset(n for stmt in body for n in _bound_names(stmt)))
+
+
 def _import_requests(stmt: ast.Import | ast.ImportFrom) -> list[tuple[str, int, tuple[str, ...] | None]]:
     if isinstance(stmt, ast.Import):
         return [(a.name, 0, None) for a in stmt.names]
@@ -789,30 +867,31 @@ def _import_requests(stmt: ast.Import | ast.ImportFrom) -> list[tuple[str, int, 
 def _module_names(tree: ast.Module) -> frozenset[str] | None:
     """Every name the module's top level may bind (a superset); None when it may bind any name."""
     names: set[str] = set()
-    todo: list[ast.AST] = list(tree.body)
-    for node in ast.walk(tree):
+    todo: list[tuple[ast.AST, bool]] = [(node, True) for node in tree.body]  # (node, runs at top level)
+    while todo:
+        node, top = todo.pop()
         if isinstance(node, ast.Global):
             names.update(node.names)
-        elif (isinstance(node, ast.Name) and node.id in _DYNAMIC) or (isinstance(node, ast.Attribute) and node.attr in _DYNAMIC):
+        elif isinstance(node, ast.Name):
+            if node.id in _DYNAMIC:
+                return None
+            if top and not isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in _DYNAMIC:
             return None
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
             if any(a.name == "*" for a in node.names):
                 return None
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            if top:
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif top and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-        elif isinstance(node, ast.MatchMapping) and node.rest:
+        elif top and isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif top and isinstance(node, ast.MatchMapping) and node.rest:
             names.add(node.rest)
-        elif isinstance(node, ast.Lambda):
-            continue
-        todo.extend(ast.iter_child_nodes(node))
+        inner = top and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))
+        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
     return None if "__getattr__" in names else frozenset(names)
 
 
