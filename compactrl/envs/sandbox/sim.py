@@ -5,9 +5,13 @@ current files with :mod:`ast`, for generated code tasks (``task.metadata["sim"]`
 :mod:`compactrl.envs.generators.code`), so that it equals what ``python -m pytest`` would report on
 the same files (``docs/environments.md`` lists the edits on which the two can disagree):
 
+0. What pytest does before running a test: a config file it cannot read (invalid TOML) stops it;
+   a collected file (``test_*.py``, ``*_test.py``, ``conftest.py``) that certainly fails to import
+   (does not compile, its top level raises, it imports a missing module or a name the module cannot
+   bind) is a collection error. Either way no test runs: every test fails.
 1. A module that is missing, does not parse, or whose import would raise (a constant's value
-   expression raising, a name used before it is bound) is *broken*: every test whose imports reach
-   it fails, as pytest's collection error would make it.
+   expression raising, a name used before it is bound) is *broken*: a test file whose imports
+   reach it is a collection error (0).
 2. A module whose code differs from the original in anything but comments, formatting, docstrings
    and the value expressions of the bug file's constants is *changed*: tests reaching it fail (the
    sim does not guess what new code does).
