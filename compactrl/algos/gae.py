@@ -168,7 +168,9 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
         if local is not None:
             first[rows] = local[:, 0]
         cut_rows = np.unique(blk)
-        carry = torch.nn.functional.pad(_const_scan(first, g**k, cut_rows)[1:], (0, 1))
+        # carries are n/K long: float64 there costs little and keeps long sums exact
+        starts = _const_scan(first.to(torch.float64), g**k, cut_rows).to(x.dtype)
+        carry = torch.nn.functional.pad(starts[1:], (0, 1))
         clean = carry.index_fill(0, torch.from_numpy(cut_rows).to(dev), 0.0) if cut_rows.size else carry
         # g * carry folded into a block's last step makes the GEMM add g^(K-t) * carry at every t.
         xb[:, -1].add_(clean, alpha=g)
@@ -186,7 +188,8 @@ def _general_scan(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     a, g = _doubling(_pad_blocks(x), _pad_blocks(c))
     if a.shape[0] == 1:
         return a.view(-1)[:n]
-    carry = torch.nn.functional.pad(_general_scan(a[:, 0].contiguous(), g[:, 0].contiguous())[1:], (0, 1))
+    starts = _general_scan(a[:, 0].to(torch.float64), g[:, 0].to(torch.float64)).to(x.dtype)
+    carry = torch.nn.functional.pad(starts[1:], (0, 1))
     a.addcmul_(g, carry[:, None])
     return a.view(-1)[:n]
 
