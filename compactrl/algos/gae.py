@@ -146,9 +146,9 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
                 coef[t] = 0.0
         return _scalar_scan(x, coef)
     if _BLOCK * _BLOCK < n <= _GRAIN:
-        coef = torch.full_like(x, g)
+        coef = torch.full((n,), g, dtype=torch.float64, device=dev)
         coef[torch.from_numpy(resets).to(dev)] = 0.0
-        return _general_scan(x, coef)
+        return _general_scan(x.to(torch.float64), coef).to(x.dtype)
     xb = _pad_blocks(x)
     w, first_col, _ = _geometric(g, k, x.dtype, str(dev))
     # The stream's own end needs no reset (only zero padding follows) and would force a re-solve.
@@ -181,14 +181,18 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
 
 
 def _general_scan(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Solve ``A_t = x_t + c_t A_{t+1}`` over a 1-D stream with per-step coefficients ``c``."""
+    """Solve ``A_t = x_t + c_t A_{t+1}`` over a 1-D stream with per-step coefficients ``c``.
+
+    Callers pass float64: products of thousands of coefficients rounded to float32 would be off by
+    thousands of ulps (the GEMM path instead rounds each power of ``g`` once).
+    """
     n = x.numel()
     if n <= _SCALAR_MAX:
         return _scalar_scan(x, c.tolist())
     a, g = _doubling(_pad_blocks(x), _pad_blocks(c))
     if a.shape[0] == 1:
         return a.view(-1)[:n]
-    starts = _general_scan(a[:, 0].to(torch.float64), g[:, 0].to(torch.float64)).to(x.dtype)
+    starts = _general_scan(a[:, 0].contiguous(), g[:, 0].contiguous())
     carry = torch.nn.functional.pad(starts[1:], (0, 1))
     a.addcmul_(g, carry[:, None])
     return a.view(-1)[:n]
@@ -273,10 +277,10 @@ def gae(
     _fix_boundaries(delta, reward, value, term, next_value, gamma, end_row, end_t)
     resets = np.concatenate([end_row * width + pad + end_t, np.arange(1, rows + 1) * width - 1])
     if isinstance(lmbda, torch.Tensor):
-        coef = torch.zeros((rows, width), dtype=dtype, device=value.device)
-        coef[:, pad:] = gamma * lmbda.to(dtype).expand(shape).reshape(-1, t_len)
+        coef = torch.zeros((rows, width), dtype=torch.float64, device=value.device)
+        coef[:, pad:] = gamma * lmbda.to(torch.float64).expand(shape).reshape(-1, t_len)
         coef.view(-1)[torch.from_numpy(resets).to(value.device)] = 0.0
-        adv = _general_scan(buf.view(-1), coef.view(-1))
+        adv = _general_scan(buf.view(-1).to(torch.float64), coef.view(-1)).to(dtype)
     else:
         adv = _const_scan(buf.view(-1), gamma * float(lmbda), resets)
     adv = adv.view(rows, width)[:, pad:]
