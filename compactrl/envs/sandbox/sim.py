@@ -184,8 +184,8 @@ _REPORTS: OrderedDict[tuple, TestReport] = OrderedDict()
 
 def judge_code_task(task: Task, files: dict[str, str]) -> TestReport:
     """Per-test verdict of a generated code task on ``files`` (see the module docstring)."""
-    key = (task.id, task.files.get(task.metadata["bug_file"]), tuple(files),
-           *(c for p, c in files.items() if p.endswith(".py") or p in _CONFIG_FILES))
+    paths = tuple(files)
+    key = (task.id, task.files.get(task.metadata["bug_file"]), paths, *map(files.__getitem__, _judged_paths(paths)))
     report = _REPORTS.get(key)
     if report is None:
         report = _REPORTS[key] = _judge(task, files)
@@ -198,7 +198,7 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
     meta = task.metadata
     sim = meta["sim"]
     bug_file = meta["bug_file"]
-    problem = _config_problem(files)
+    problem = _config_problem(files, task.files)
     if problem is not None:  # pytest exits with a usage error before collecting anything
         return TestReport((), tuple(task.check.must_pass), f"ERROR: {problem}\nno tests ran (sim)", False)
     facts = tuple((f["key"], f["compare"], f["value"]) for f in meta["facts"])
@@ -223,6 +223,12 @@ def _judge(task: Task, files: dict[str, str]) -> TestReport:
         ok = reach[test_id].isdisjoint(not_ok) and all(fact_ok.get(k, False) for k in sim["tests"][test_id]["facts"])
         (passed if ok else failed).append(test_id)
     return TestReport(tuple(passed), tuple(failed), _pytest_like_output(passed, failed), not failed)
+
+
+@lru_cache(maxsize=1024)
+def _judged_paths(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """The files whose contents the verdict depends on: Python files and pytest's config files."""
+    return tuple(p for p in paths if p.endswith(".py") or p in _CONFIG_FILES)
 
 
 _REACH: OrderedDict[tuple[str, str], dict[str, frozenset[str]]] = OrderedDict()
@@ -595,14 +601,15 @@ _MODULE_DUNDERS = frozenset({"__name__", "__file__", "__doc__", "__package__", "
 _DYNAMIC = frozenset({"globals", "vars", "locals", "exec", "eval", "setattr", "__import__", "__getattr__", "__dict__", "modules"})
 
 
-def _config_problem(files: dict[str, str]) -> str | None:
+def _config_problem(files: dict[str, str], original: dict[str, str]) -> str | None:
     """Why pytest stops with a usage error before collecting (from the config files it looks for in
-    the work dir, in its precedence order); None if it starts. INI files are not parsed."""
+    the work dir, in its precedence order); None if it starts. INI files are not parsed; the
+    project's own config (``original``) is known to work, and nothing after it is modelled."""
     for name in _CONFIG_FILES:
         text = files.get(name)
         if text is None:
             continue
-        if not name.endswith(".toml"):
+        if not name.endswith(".toml") or text is original.get(name) or text == original.get(name):
             return None  # pytest.ini configures whatever it holds; tox.ini/setup.cfg: not modelled
         problem, configures = _toml_config(name, text)
         if problem is not None or configures:
@@ -637,15 +644,15 @@ def _toml_config(name: str, text: str) -> tuple[str | None, bool]:
 @lru_cache(maxsize=1024)
 def _collected(paths: tuple[str, ...]) -> tuple[str, ...]:
     """The files pytest imports while collecting from the work dir, in path order."""
-    venvs = {p.rpartition("/")[0] for p in paths if p.rpartition("/")[2] == "pyvenv.cfg"} - {""}
+    candidates = [p for p in paths if p.endswith(".py") and _collectable_name(p.rpartition("/")[2])]
+    if not candidates:
+        return ()
+    venvs = {p.rpartition("/")[0] for p in paths if p.endswith("/pyvenv.cfg")}
     out = []
-    for path in sorted(paths):
-        *dirs, name = path.split("/")
-        if not (name == "conftest.py" or (name.startswith("test_") and name.endswith(".py") and len(name) >= 8)
-                or name.endswith("_test.py")):
-            continue
-        if any(d.startswith(".") or d.endswith(".egg") or d in _NORECURSE or "/".join(dirs[: i + 1]) in venvs
-               for i, d in enumerate(dirs)):
+    for path in sorted(candidates):
+        dirs = path.split("/")[:-1]
+        if any(d[:1] == "." or d.endswith(".egg") or d in _NORECURSE for d in dirs) or (
+                venvs and any("/".join(dirs[: i + 1]) in venvs for i in range(len(dirs)))):
             continue
         out.append(path)
     return tuple(out)
@@ -674,22 +681,29 @@ def _as_generated(task: Task, files: dict[str, str]) -> bool:
     """Whether the Python files, their paths, the collected test files and the config files are the
     generated project's (the modules' contents aside: the caller judges those)."""
     py, collected, config = _generated_layout(task)
-    if not all(files.get(n) == c for n, c in config) or not all(p in files for p in py):
-        return False
-    if not all(files[p] is c or files[p] == c for p, c in collected):
-        return False
-    extra = [p for p in files if p.endswith(".py") and p not in py]
-    return not extra or (_collected(tuple(files)) == tuple(p for p, _ in collected)
-                         and all(_cannot_shadow(p, task, collected) for p in extra))
+    return (
+        _same_layout(tuple(files), py, tuple(p for p, _ in collected), task.metadata["package"])
+        and all(files[p] is c or files[p] == c for p, c in collected)
+        and all(files.get(n) == c for n, c in config)
+    )
 
 
-def _cannot_shadow(path: str, task: Task, collected: tuple[tuple[str, str], ...]) -> bool:
+@lru_cache(maxsize=1024)
+def _same_layout(paths: tuple[str, ...], py: frozenset[str], collected: tuple[str, ...], package: str) -> bool:
+    """Every generated Python file present, the same files collected, and any added module unable
+    to change an import."""
+    if not py <= set(paths):
+        return False
+    extra = [p for p in paths if p.endswith(".py") and p not in py]
+    return not extra or (_collected(paths) == collected and all(_cannot_shadow(p, package, collected) for p in extra))
+
+
+def _cannot_shadow(path: str, package: str, collected: tuple[str, ...]) -> bool:
     """Whether an added, uncollected module can change no import: it is no package's
     ``__init__.py`` (a package directory wins over a module of the same name), is not next to the
     test files (their directory is on ``sys.path``) and not named like the project's package."""
     folder, _, name = path.rpartition("/")
-    return (name != "__init__.py" and name != f"{task.metadata['package']}.py"
-            and not any(p.rpartition("/")[0] == folder for p, _ in collected))
+    return name not in ("__init__.py", f"{package}.py") and not any(p.rpartition("/")[0] == folder for p in collected)
 
 
 _LAYOUTS: OrderedDict[tuple[str, str], tuple] = OrderedDict()
@@ -712,6 +726,11 @@ def _generated_layout(task: Task) -> tuple[frozenset[str], tuple[tuple[str, str]
     return layout
 
 
+def _collectable_name(name: str) -> bool:
+    """pytest's default ``python_files`` (``test_*.py``, ``*_test.py``), and conftest files."""
+    return name == "conftest.py" or (name.startswith("test_") and len(name) >= 8) or name.endswith("_test.py")
+
+
 def _test_module(path: str, files: dict[str, str]) -> tuple[str, str]:
     """``(basedir, dotted module name)`` of a collected file: pytest's "prepend" mode puts the first
     directory above it without an ``__init__.py`` on ``sys.path`` and imports it from there."""
@@ -726,6 +745,8 @@ def _collection_errors(task: Task, files: dict[str, str], status: dict[str, str]
     """The collected files whose import certainly fails (each a collection error)."""
     broken = _raising_modules(task, files, status) if _as_generated(task, files) else None
     if broken is not None:  # the generated layout, each module's imports and names kept
+        if not broken:
+            return []
         reach = _reach(task)
         return sorted({task.metadata["sim"]["tests"][t]["file"] for t in reach if not reach[t].isdisjoint(broken)})
     collected = _collected(tuple(files))
