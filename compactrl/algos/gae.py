@@ -39,17 +39,22 @@ _SCALAR_MAX = 512
 below it every torch call (~5 us) costs more than the steps it would save."""
 
 _GRAIN = 1 << 15
-"""torch's parallel grain size: elementwise ops on fewer elements run on the calling thread. A
-multi-threaded GEMM on small blocks mostly waits for its worker threads to wake up (milliseconds
-on a busy machine), so work this small avoids BLAS: block products of at most this many terms are
-broadcast-multiply-sums, and streams of ``_BLOCK`` to ``_GRAIN`` steps take the log-step scan."""
+"""torch's parallel grain size: ops on fewer elements run on the calling thread. A multi-threaded
+op on small data mostly waits for its worker threads to wake up (milliseconds on a busy machine),
+so small work stays below it: streams of ``_BLOCK**2`` to ``_GRAIN / 2`` steps take the log-step
+scan, and small block products are broadcast-multiply-sums instead of BLAS calls."""
 
 
 def _small_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``x @ w`` (``x [..., M, K]``, ``w [..., K, J]``), without BLAS threads when small."""
-    if x.numel() * w.shape[-1] <= _GRAIN:
-        return (x.unsqueeze(-1) * w.unsqueeze(-3)).sum(-2)
-    return x @ w
+    """``x @ w`` (``x [..., M, K]``, ``w [..., K, J]``), without BLAS threads when small: a few
+    broadcast-multiply-sums over row chunks whose products stay below the grain size."""
+    per_row = x.shape[-1] * w.shape[-1] * (x.numel() // max(x.shape[-2] * x.shape[-1], 1))
+    rows = max((_GRAIN - 1) // max(per_row, 1), 1)
+    if x.shape[-2] > 4 * rows:
+        return x @ w
+    w = w.unsqueeze(-3)
+    parts = [(c.unsqueeze(-1) * w).sum(-2) for c in x.split(rows, dim=-2)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -2)
 
 
 def _scalar_scan(x: torch.Tensor, coef: list[float]) -> torch.Tensor:
@@ -145,7 +150,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
             if t < n:
                 coef[t] = 0.0
         return _scalar_scan(x, coef)
-    if _BLOCK * _BLOCK < n <= _GRAIN:
+    if _BLOCK * _BLOCK < n and 2 * n < _GRAIN:  # padded [n/K, 2K] scan buffers stay below the grain
         coef = torch.full((n,), g, dtype=torch.float64, device=dev)
         coef[torch.from_numpy(resets).to(dev)] = 0.0
         return _general_scan(x.to(torch.float64), coef).to(x.dtype)
