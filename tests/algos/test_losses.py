@@ -194,7 +194,9 @@ def test_frozen_summaries_get_no_policy_gradient_but_keep_the_critic():
     changed["advantage"] = torch.where(summary, changed["advantage"] + 100.0, changed["advantage"])
     changed["value_target"] = torch.where(summary, changed["value_target"] + 100.0, changed["value_target"])
     out = masked(changed)
-    assert float(out["loss_objective"].detach()) == pytest.approx(float(base["loss_objective"].detach()), rel=1e-6)
+    assert float(out["loss_objective"].detach()) == pytest.approx(
+        float(base["loss_objective"].detach()), rel=1e-6
+    )
     assert float(out["loss_critic"].detach()) > float(base["loss_critic"].detach())
 
 
