@@ -95,11 +95,11 @@ def _doubling(x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return a_head[cur].contiguous(), g_head[cur]
 
 
-def _pad_blocks(x: torch.Tensor) -> torch.Tensor:
-    rest = x.numel() % _BLOCK
+def _pad_blocks(x: torch.Tensor, k: int = _BLOCK) -> torch.Tensor:
+    rest = x.numel() % k
     if rest:
-        x = torch.nn.functional.pad(x, (0, _BLOCK - rest))
-    return x.view(-1, _BLOCK)
+        x = torch.nn.functional.pad(x, (0, k - rest))
+    return x.view(-1, k)
 
 
 @functools.lru_cache(maxsize=256)
@@ -143,7 +143,8 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
 
     ``x`` may be overwritten (the last step of each block absorbs that block's carry).
     """
-    n, k, dev = x.numel(), _BLOCK, x.device
+    n, dev = x.numel(), x.device
+    k = _BLOCK // 2 if n * _BLOCK // 2 < _GRAIN else _BLOCK  # one serial block product when small
     if n <= _SCALAR_MAX:
         coef = [g] * n
         for t in resets.tolist():
@@ -154,7 +155,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
         coef = torch.full((n,), g, dtype=torch.float64, device=dev)
         coef[torch.from_numpy(resets).to(dev)] = 0.0
         return _general_scan(x.to(torch.float64), coef).to(x.dtype)
-    xb = _pad_blocks(x)
+    xb = _pad_blocks(x, k)
     w, first_col, _ = _geometric(g, k, x.dtype, str(dev))
     # The stream's own end needs no reset (only zero padding follows) and would force a re-solve.
     blk, off = np.divmod(resets[resets < n - 1], k)
@@ -169,7 +170,7 @@ def _const_scan(x: torch.Tensor, g: float, resets: np.ndarray) -> torch.Tensor:
         local, weight = _reset_blocks(xb[rows], g, reset)
     carry = None
     if xb.shape[0] > 1:
-        first = _small_matmul(xb, first_col[:, None]).squeeze(1)
+        first = (xb * first_col).sum(-1) if xb.numel() < _GRAIN else xb @ first_col
         if local is not None:
             first[rows] = local[:, 0]
         cut_rows = np.unique(blk)
