@@ -102,6 +102,34 @@ def test_resume_truncates_rows_written_after_the_last_checkpoint(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_loss_positions_actor_equals_the_policy_where_selected():
+    from compactrl.algos.trainer import LossPositionsActor
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+
+    policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=32, num_layers=1, num_experts=2,
+                                         experts_per_token=1), load_tokenizer(), temperature=0.7, top_k=50)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 4000, (3, 20), generator=g)
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[2, 12:] = False
+    select = (torch.rand(3, 20, generator=g) < 0.5) & mask
+    full_lp, full_ent = policy.log_prob(tokens, mask)
+    actor = LossPositionsActor(policy)
+    with actor.positions(select):
+        lp, ent = actor.log_prob(tokens, mask)
+    keep = select.clone()
+    keep[:, 0] = False
+    torch.testing.assert_close(lp[keep], full_lp[keep], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ent[keep], full_ent[keep], rtol=1e-4, atol=1e-4)
+    assert not lp[~keep].any() and not ent[~keep].any()
+    lp.sum().backward()
+    assert any(p.grad is not None for p in policy.parameters())
+    torch.testing.assert_close(actor.log_prob(tokens, mask)[0], full_lp)  # outside the block: the policy's
+
+
+@pytest.mark.timeout(60)
 def test_selected_log_probs_equal_the_policy_log_prob():
     from compactrl.policies.tiny_moe import tiny_moe
     from compactrl.policies.transformers_policy import TransformersPolicy
@@ -160,7 +188,7 @@ def test_update_step_gradient_does_not_depend_on_the_micro_batch_budget(algo):
         rl = override(cfg, {"rl.micro_batch_tokens": budget}).rl
         opt = torch.optim.SGD(policy.parameters(), lr=0.0)
         mb = add_loss_normalizers(copy.deepcopy(batch))
-        _step(mb, module.actor_loss, opt, policy, rl, "policy")
+        _step(mb, module.actor_loss, opt, policy, rl, "policy", actor=module.actor)
         grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
