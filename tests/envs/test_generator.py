@@ -108,3 +108,18 @@ def test_custom_config_label_and_locations():
     task = CodeTaskGenerator(cfg).generate(7)
     assert task.id.startswith("code-docsonly-")
     assert all(f["location"] == "doc" and f["file"].endswith(".md") for f in task.metadata["facts"])
+
+
+@given(seeds)
+def test_fact_keys_restrict_the_catalogue(seed):
+    keys = PRESETS["tiny"].fact_keys
+    meta = GENERATORS["tiny"].generate(seed).metadata
+    assert {f["key"] for f in meta["facts"]} <= set(keys)
+    assert all(str(f["value"]) == f["stated"] for f in meta["facts"])  # tiny: the value is copied verbatim
+
+
+def test_fact_keys_are_validated():
+    with pytest.raises(ValueError, match="fact_keys"):
+        CodeTaskConfig(fact_keys=("NO_SUCH_KEY",))
+    with pytest.raises(ValueError, match="num_facts"):
+        CodeTaskConfig(fact_keys=("PAGE_SIZE",), num_facts=2)

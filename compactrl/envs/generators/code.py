@@ -67,6 +67,8 @@ class CodeTaskConfig:
     """Where facts may be stated: ``config``, ``doc``, ``docstring``."""
     max_turns: int = 30
     """Turn limit stored in each task (the env's default ``max_turns``)."""
+    fact_keys: tuple[str, ...] = ()
+    """Catalogue keys the facts are drawn from (empty: the whole catalogue)."""
 
     def __post_init__(self) -> None:
         _check(self.num_modules >= 1, "num_modules", ">= 1", self.num_modules)
@@ -83,6 +85,9 @@ class CodeTaskConfig:
         )
         _check(self.max_turns >= 1, "max_turns", ">= 1", self.max_turns)
         _check(self.num_modules <= len(MODULES), "num_modules", f"<= {len(MODULES)}", self.num_modules)
+        keys = {spec.key for spec in CATALOGUE}
+        _check(set(self.fact_keys) <= keys, "fact_keys", f"keys of the catalogue {sorted(keys)}", self.fact_keys)
+        _check(self.num_facts <= len(self.fact_keys or keys), "num_facts", "<= len(fact_keys)", self.num_facts)
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:
@@ -91,6 +96,13 @@ def _check(ok: bool, name: str, expected: str, got: object) -> None:
 
 
 PRESETS: dict[str, CodeTaskConfig] = {
+    # The main job's tasks: easy's layout with facts whose stated value is the constant verbatim
+    # (an integer that is one token), so a 2-layer model learns to find and copy it in minutes.
+    "tiny": CodeTaskConfig(
+        name="tiny", num_modules=1, num_docs=0, file_lines=(6, 14), num_facts=1,
+        fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=12,
+        fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
+    ),
     # A tiny model learns this on CPU: a few short files, one fact, one distractor.
     "easy": CodeTaskConfig(
         name="easy", num_modules=1, num_docs=0, file_lines=(6, 14), num_facts=1,
@@ -105,7 +117,7 @@ PRESETS: dict[str, CodeTaskConfig] = {
 
 
 def preset(difficulty: str | CodeTaskConfig) -> CodeTaskConfig:
-    """The config of a preset name (``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
+    """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
     if isinstance(difficulty, CodeTaskConfig):
         return difficulty
     if difficulty not in PRESETS:
@@ -185,7 +197,8 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
     module_files = [f"{pkg}/{m}.py" for m in others]
     bug_file = f"{pkg}/{bug}.py"
     hosts = {"config": [CONFIG_FILE], "doc": doc_files, "docstring": module_files}
-    facts = [_choose_fact(rng, cfg, spec, hosts) for spec in rng.sample(CATALOGUE, cfg.num_facts)]
+    catalogue = [spec for spec in CATALOGUE if not cfg.fact_keys or spec.key in cfg.fact_keys]
+    facts = [_choose_fact(rng, cfg, spec, hosts) for spec in rng.sample(catalogue, cfg.num_facts)]
     facts.sort(key=lambda f: f.spec.key)
 
     files: dict[str, str] = {}
