@@ -14,21 +14,20 @@ disjoint seed sets: :func:`task_seed_for` maps ``(split, index)`` to ``index * 3
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
-
-import numpy as np
 
 from compactrl.envs.generators._facts import CATALOGUE, FactSpec, code_value, render
 from compactrl.envs.generators._filler import Block, _func, config_block, doc_block, doc_paragraph
+from compactrl.envs.generators._seeded import SPLITS as SPLITS
+from compactrl.envs.generators._seeded import GeneratedTasks as GeneratedTasks
+from compactrl.envs.generators._seeded import SeededGenerator, resolve_preset, split_of_seed
+from compactrl.envs.generators._seeded import task_seed_for as task_seed_for
 from compactrl.envs.task import Check, Task
 
 LOCATIONS = ("config", "doc", "docstring")
-SPLITS = ("train", "val", "test")
 PACKAGES = (
     "ledgerline", "parcelhub", "meterkit", "tidewatch", "stockroom", "fleetlog", "billwise", "queuepost",
     "relaybox", "gridnote", "harborops", "tallyman", "beaconlab", "orbitcart", "pinecrest", "quillpay",
@@ -118,25 +117,7 @@ PRESETS: dict[str, CodeTaskConfig] = {
 
 def preset(difficulty: str | CodeTaskConfig) -> CodeTaskConfig:
     """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
-    if isinstance(difficulty, CodeTaskConfig):
-        return difficulty
-    if difficulty not in PRESETS:
-        raise ValueError(f"difficulty: expected one of {sorted(PRESETS)}, got {difficulty!r}")
-    return PRESETS[difficulty]
-
-
-def task_seed_for(split: str, index: int) -> int:
-    """Seed of task ``index`` of ``split``; the splits' seed sets are disjoint (``index*3 + k``)."""
-    if split not in SPLITS:
-        raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-    if index < 0:
-        raise ValueError(f"index: expected >= 0, got {index}")
-    return index * len(SPLITS) + SPLITS.index(split)
-
-
-def split_of_seed(seed: int) -> str:
-    """Inverse of :func:`task_seed_for` for the split."""
-    return SPLITS[seed % len(SPLITS)]
+    return resolve_preset(difficulty, PRESETS, CodeTaskConfig)
 
 
 @dataclass
@@ -150,38 +131,11 @@ class _Fact:
     distractors: list[tuple[str, str, str]] = field(default_factory=list)  # (file, location, stated)
 
 
-class CodeTaskGenerator:
+class CodeTaskGenerator(SeededGenerator[CodeTaskConfig]):
     """``generate(seed) -> Task``, pure and reproducible; see the module docstring."""
 
     def __init__(self, config: CodeTaskConfig | str = "default") -> None:
-        self.config = preset(config)
-        digest = hashlib.blake2b(json.dumps(asdict(self.config), sort_keys=True).encode(), digest_size=4)
-        self.label = self.config.name if self.config in PRESETS.values() else f"{self.config.name}-{digest.hexdigest()}"
-        self._cache: OrderedDict[int, Task] = OrderedDict()
-
-    def generate(self, seed: int) -> Task:
-        seed = int(seed)
-        task = self._cache.get(seed)
-        if task is None:
-            task = _generate(self.config, self.label, seed)
-            self._cache[seed] = task
-            if len(self._cache) > 1024:
-                self._cache.popitem(last=False)
-        return task
-
-
-class GeneratedTasks:
-    """A task sampler over one split of a generator (the env's default task source)."""
-
-    def __init__(self, generator: CodeTaskGenerator, split: str = "train") -> None:
-        task_seed_for(split, 0)  # validates the split name
-        self.generator, self.split = generator, split
-
-    def sample(self, rng: np.random.Generator) -> Task:
-        return self.task(int(rng.integers(0, 2**31 - 1)))
-
-    def task(self, index: int) -> Task:
-        return self.generator.generate(task_seed_for(self.split, index))
+        super().__init__(preset(config), PRESETS, _generate, cache_size=1024)
 
 
 # ----------------------------------------------------------------------------------------------

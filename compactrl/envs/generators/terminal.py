@@ -17,21 +17,17 @@ files alone by :mod:`compactrl.envs.generators.terminal_check` (in-process on th
 hidden ``python3 .compactrl_check.py`` on the real ones).
 
 ``TerminalTaskGenerator(config).generate(seed)`` is a pure function of ``(config, seed)``; splits
-use the code generator's disjoint seed sets (:func:`~compactrl.envs.generators.code.task_seed_for`).
+are the disjoint seed sets that every generator shares
+(:func:`~compactrl.envs.generators._seeded.task_seed_for`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import re
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from compactrl.envs.generators.code import task_seed_for
+from compactrl.envs.generators._seeded import GeneratedTasks, SeededGenerator, resolve_preset
 from compactrl.envs.generators.terminal_check import check_state, render_script
 from compactrl.envs.sandbox.base import TestReport
 from compactrl.envs.task import Check, Task
@@ -103,45 +99,17 @@ PRESETS: dict[str, TerminalTaskConfig] = {
 
 def preset(difficulty: str | TerminalTaskConfig) -> TerminalTaskConfig:
     """The config of a preset name (``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
-    if isinstance(difficulty, TerminalTaskConfig):
-        return difficulty
-    if difficulty not in PRESETS:
-        raise ValueError(f"difficulty: expected one of {sorted(PRESETS)} or a TerminalTaskConfig, got {difficulty!r}")
-    return PRESETS[difficulty]
+    return resolve_preset(difficulty, PRESETS, TerminalTaskConfig)
 
 
-class TerminalTaskGenerator:
+class TerminalTaskGenerator(SeededGenerator[TerminalTaskConfig]):
     """``generate(seed) -> Task``, pure and reproducible (a small LRU cache of recent tasks)."""
 
     def __init__(self, config: TerminalTaskConfig | str = "default") -> None:
-        self.config = preset(config)
-        digest = hashlib.blake2b(json.dumps(asdict(self.config), sort_keys=True).encode(), digest_size=4)
-        self.label = self.config.name if self.config in PRESETS.values() else f"{self.config.name}-{digest.hexdigest()}"
-        self._cache: OrderedDict[int, Task] = OrderedDict()
-
-    def generate(self, seed: int) -> Task:
-        seed = int(seed)
-        task = self._cache.get(seed)
-        if task is None:
-            task = _generate(self.config, self.label, seed)
-            self._cache[seed] = task
-            if len(self._cache) > 256:
-                self._cache.popitem(last=False)
-        return task
+        super().__init__(preset(config), PRESETS, _generate, cache_size=256)
 
 
-class GeneratedTerminalTasks:
-    """A task sampler over one split (``train``, ``val``, ``test``) of a terminal generator."""
-
-    def __init__(self, generator: TerminalTaskGenerator, split: str = "train") -> None:
-        task_seed_for(split, 0)  # validates the split name
-        self.generator, self.split = generator, split
-
-    def sample(self, rng: np.random.Generator) -> Task:
-        return self.task(int(rng.integers(0, 2**31 - 1)))
-
-    def task(self, index: int) -> Task:
-        return self.generator.generate(task_seed_for(self.split, index))
+GeneratedTerminalTasks = GeneratedTasks  # the name the terminal env and its tests use
 
 
 # ===================================================================== building blocks
