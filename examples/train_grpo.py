@@ -23,9 +23,8 @@ import torch
 import compactrl  # noqa: F401  (registers CompactCode-v0)
 from compactrl.algos.losses import GRPOConfig, GRPOLoss, add_loss_normalizers, grpo_advantage
 from compactrl.algos.packing import micro_batches
-from compactrl.algos.sft import sft_train
+from compactrl.algos.sft import ReadingOrderOracle, copy_warmup, sft_train
 from compactrl.collectors import TraceCollector, summarize_episodes
-from compactrl.policies.scripted import OraclePolicy
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.tokenizer import load_tokenizer
@@ -34,11 +33,11 @@ TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"
 
 # -- configuration ---------------------------------------------------------------------------------
 SEED = 0
-ENV_KWARGS = dict(difficulty="easy", budget=1024, reserve=96, tool_output_cap=256, max_compactions=4,
-                  max_turns=12)
+ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=896, reserve=64,
+                  tool_output_cap=192, max_compactions=4, max_turns=12)
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
-DEMO_EPISODES, SFT_STEPS, SFT_LR = (2, 2, 3e-3) if TINY else (256, 300, 3e-3)
+DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 250, 200, 3e-3)
 SUMMARY_QUALITY = 0.5           # oracle summaries keep each fact with this probability
 ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
@@ -75,10 +74,11 @@ def evaluate() -> float:
 
 
 # 1. SFT warm start on oracle demonstrations (imperfect summaries), through the same wrapper
-demo_collector = TraceCollector([make_env("train")] * NUM_ENVS, OraclePolicy(SUMMARY_QUALITY, seed=SEED),
+demo_collector = TraceCollector([make_env("train")] * NUM_ENVS, ReadingOrderOracle(SUMMARY_QUALITY, seed=SEED),
                                 episodes_per_batch=DEMO_EPISODES, seed=SEED, pad_id=pad_id)
 demos = demo_collector.next()
 demo_collector.shutdown()
+copy_warmup(policy, demos, steps=COPY_STEPS, lr=SFT_LR)     # in-context copying, as a base model has it
 sft_train(policy, demos, steps=SFT_STEPS, lr=SFT_LR, batch_traces=8 if not TINY else 2)
 log.info("held-out success after SFT: %.3f", evaluate())
 

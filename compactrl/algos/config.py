@@ -32,15 +32,17 @@ class EnvConfig:
     """Gymnasium id (``import compactrl`` registers it)."""
     backend: str = "sim"
     """Sandbox backend: ``sim`` (in-process), ``local`` (bubblewrap) or ``docker``."""
-    difficulty: str = "easy"
+    difficulty: str = "tiny"
     """Task-generator preset (``tiny``, ``easy``, ``default``, ``hard``)."""
-    context_budget: int = 1024
+    tools: str = "view,replace,test,submit"
+    """Comma-separated tools the env accepts and its system prompt lists (empty: the env's full set)."""
+    context_budget: int = 896
     """Context budget in tokens; the wrapper asks for a summary before a response would exceed it."""
-    max_new_tokens: int = 96
+    max_new_tokens: int = 64
     """Longest response (tokens) the policy may generate per step."""
     max_compactions: int = 4
     """Summaries allowed per episode; exceeding the budget after that truncates the episode."""
-    tool_output_cap: int = 256
+    tool_output_cap: int = 192
     """Longest tool output (tokens) kept in the context; longer ones are clipped head + tail."""
     max_turns: int = 12
     """Env steps (responses, summaries excluded) before the episode is truncated."""
@@ -61,6 +63,8 @@ class EnvConfig:
         except json.JSONDecodeError as exc:
             raise ValueError(f"env.env_kwargs: expected a JSON object, got {self.env_kwargs!r} ({exc})") from None
         _check(isinstance(extra, dict), "env.env_kwargs", "a JSON object", self.env_kwargs)
+        _check(not (self.tools and "tools" in extra), "env.env_kwargs",
+               "no 'tools' key when env.tools is set (set one of them)", self.env_kwargs)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ class SFTConfig:
 
     enabled: bool = True
     """Run the warm start before RL."""
-    demo_episodes: int = 256
+    demo_episodes: int = 512
     """Oracle episodes collected through the same ContextBudget wrapper as training."""
     summary_quality: float = 0.5
     """Oracle summary quality in [0, 1]: the probability that each fact survives into a summary."""
@@ -109,11 +113,14 @@ class SFTConfig:
     the file holding each fact directly (it knows where, from the task metadata)."""
     keep_truncated: bool = False
     """Train on demonstrations that hit a limit too (they are mostly loops after a lost fact)."""
-    steps: int = 400
+    copy_steps: int = 300
+    """Steps of in-context copy warm-up on the demonstrations' text before SFT (0 disables); it
+    stands in for the pretraining a real base model has (see ``compactrl.algos.sft.copy_warmup``)."""
+    steps: int = 300
     """Optimiser steps."""
     lr: float = 3e-3
     """Learning rate (AdamW, cosine decay to 10%)."""
-    batch_traces: int = 16
+    batch_traces: int = 8
     """Traces per optimiser step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -125,6 +132,7 @@ class SFTConfig:
         for name in ("demo_episodes", "batch_traces"):
             _check(getattr(self, name) >= 1, f"sft.{name}", ">= 1", getattr(self, name))
         _check(self.steps >= 0, "sft.steps", ">= 0", self.steps)
+        _check(self.copy_steps >= 0, "sft.copy_steps", ">= 0", self.copy_steps)
         _check(self.lr > 0, "sft.lr", "> 0", self.lr)
 
 
@@ -134,7 +142,7 @@ class RLConfig:
 
     algo: Literal["ppo", "grpo"] = "ppo"
     """``ppo`` (critic, token-level GAE) or ``grpo`` (group-relative outcome advantage)."""
-    iterations: int = 30
+    iterations: int = 5
     """Collect-then-update iterations."""
     episodes_per_iter: int = 32
     """Episodes collected per iteration."""
@@ -150,7 +158,7 @@ class RLConfig:
     """Policy learning rate (AdamW)."""
     critic_lr: float = 1e-3
     """Critic learning rate (AdamW)."""
-    critic_warmup_iters: int = 2
+    critic_warmup_iters: int = 1
     """First iterations train only the critic (the policy is not updated)."""
     critic_updates: int = 1
     """Critic optimiser steps per policy optimiser step."""
@@ -287,7 +295,7 @@ def _preset_smoke() -> TrainConfig:
     return TrainConfig(
         env=EnvConfig(num_envs=2, max_turns=3, context_budget=640, max_new_tokens=16, tool_output_cap=64),
         model=ModelConfig(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1),
-        sft=SFTConfig(demo_episodes=2, steps=2, batch_traces=2),
+        sft=SFTConfig(demo_episodes=2, copy_steps=2, steps=2, batch_traces=2),
         rl=RLConfig(iterations=2, episodes_per_iter=2, group_size=2, epochs=1, minibatches=1,
                     critic_warmup_iters=1, micro_batch_tokens=2048),
         eval=EvalConfig(every=1, episodes=2),

@@ -126,6 +126,61 @@ def sft_train(
     return history
 
 
+def copy_warmup(
+    policy,
+    demos: TensorDict,
+    *,
+    steps: int,
+    lr: float,
+    batch: int = 32,
+    span: int = 48,
+    prefix: int = 16,
+    max_grad_norm: float = 1.0,
+    generator: torch.Generator | None = None,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Teach in-context copying on the demonstrations' own text, before SFT.
+
+    A pretrained language model arrives able to repeat what its context says (a file path from
+    the task message, a value from a config line); a randomly initialised tiny model does not,
+    and the demonstrations hold only a few such copy events per trace, so SFT alone needs
+    thousands of steps before the model copies anything (it learns the tool language first and
+    then writes plausible but wrong paths and values). Each sequence here is ``prefix`` tokens of
+    demonstration text, then a ``span`` of demonstration text twice; the loss is the NLL of the
+    repeat. This stands in for the base model's pretraining: it uses no labels and no task
+    knowledge. Returns one metrics dict per step (``loss``, ``lr``).
+    """
+    if steps == 0:
+        return []
+    flat = demos["tokens"][demos["attention_mask"].bool()]
+    if flat.numel() <= span + prefix:
+        raise ValueError(f"demos: expected more than {span + prefix} tokens of text, got {flat.numel()}")
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
+    offsets = torch.arange(span + prefix)
+    history = []
+    policy.train()
+    for step in range(steps):
+        starts = torch.randint(0, flat.numel() - span - prefix, (batch, 2), generator=generator)
+        head = flat[starts[:, :1] + offsets[:prefix]]
+        body = flat[starts[:, 1:] + offsets[:span]]
+        tokens = torch.cat([head, body, body], dim=1)
+        select = torch.zeros_like(tokens, dtype=torch.bool)
+        select[:, prefix + span + 1:] = True  # the first repeated token cannot be predicted
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr)
+        loss = -selected_log_probs(policy, tokens, torch.ones_like(tokens), select).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        opt.step()
+        row = {"loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"]}
+        history.append(row)
+        if on_step is not None:
+            on_step(step, row)
+    policy.eval()
+    return history
+
+
 # -- the demonstrator ----------------------------------------------------------------------------------
 
 

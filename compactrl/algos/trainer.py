@@ -36,7 +36,7 @@ from compactrl.algos.evaluate import evaluate_policy
 from compactrl.algos.losses import add_loss_normalizers
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
 from compactrl.algos.run_dir import RunDir, rng_state, set_rng_state
-from compactrl.algos.sft import selected_log_probs, sft_train, trim_padding
+from compactrl.algos.sft import copy_warmup, selected_log_probs, sft_train, trim_padding
 from compactrl.collectors.trace_collector import TraceCollector, summarize_episodes
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ def make_env_fns(cfg: EnvConfig, *, split: str, count: int, budget: int | None =
         budget=budget or cfg.context_budget, reserve=cfg.max_new_tokens, max_compactions=cfg.max_compactions,
         tool_output_cap=cfg.tool_output_cap, **json.loads(cfg.env_kwargs),
     )
+    if cfg.tools:
+        kwargs["tools"] = tuple(t.strip() for t in cfg.tools.split(",") if t.strip())
     return [lambda: gym.make(cfg.env_id, **kwargs) for _ in range(count)]
 
 
@@ -414,21 +416,30 @@ def _sft_phase(cfg: TrainConfig, policy, pad_id: int, progress: Any) -> dict[str
     t0 = time.perf_counter()
     demos, demo_stats = collect_demonstrations(cfg, pad_id)
     t_demos = time.perf_counter() - t0
-    task = progress.add_task("SFT", total=cfg.sft.steps, status="") if progress else None
-
-    def on_step(step: int, row: dict[str, float]) -> None:
-        if progress:
-            progress.update(task, advance=1, status=f"nll {row['loss']:.3f}")
-
     gen = torch.Generator().manual_seed(cfg.seed + 3)
+    copy_bar = progress.add_task("copy warm-up", total=cfg.sft.copy_steps, status="") if progress else None
+    sft_bar = progress.add_task("SFT", total=cfg.sft.steps, status="") if progress else None
+
+    def advance(bar):
+        def on_step(step: int, row: dict[str, float]) -> None:
+            if progress:
+                progress.update(bar, advance=1, status=f"nll {row['loss']:.3f}")
+        return on_step
+
+    t_copy = time.perf_counter()
+    copy_history = copy_warmup(policy, demos, steps=cfg.sft.copy_steps, lr=cfg.sft.lr, generator=gen,
+                               on_step=advance(copy_bar))
+    t_copy = time.perf_counter() - t_copy
     history = sft_train(policy, demos, steps=cfg.sft.steps, lr=cfg.sft.lr, batch_traces=cfg.sft.batch_traces,
-                        weight_decay=cfg.sft.weight_decay, generator=gen, on_step=on_step)
+                        weight_decay=cfg.sft.weight_decay, generator=gen, on_step=advance(sft_bar))
     tail = history[-max(1, len(history) // 10):]
     return {
         "sft/demo_success_rate": demo_stats.get("success_rate", 0.0),
         "sft/demo_traces": float(demos.batch_size[0]),
         "sft/demo_summary_tokens_per_episode": demo_stats.get("summary_tokens_per_episode", 0.0),
         "sft/final_nll": sum(r["loss"] for r in tail) / len(tail),
+        **({"sft/copy_final_nll": copy_history[-1]["loss"]} if copy_history else {}),
+        "time/copy_warmup_s": t_copy,
         "time/sft_demos_s": t_demos,
         "time/sft_s": time.perf_counter() - t0,
     }

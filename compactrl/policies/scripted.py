@@ -28,6 +28,7 @@ from compactrl.types import Message, PolicyRequest
 
 SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
 _VIEW_HEADER = re.compile(r"^(\S+) \(lines (\d+)-(\d+) of (\d+)\)$")
+_ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*) = ")
 _REPLACE_HEADER = re.compile(r"^Replaced \d+ line\(s\) of (\S+) at line (\d+)")
 _NUMBERED = re.compile(r"^\s*(\d+)\t(.*)$")
 
@@ -168,6 +169,10 @@ def _read_output(text: str, know: _Knowledge) -> None:
             expected += 1
     if rep:
         know.tested_after_fix = False
+        for _, text in numbered:  # its own edit: that constant is fixed (to the value it wrote)
+            match = _ASSIGNMENT.match(text)
+            if match:
+                know.fixed.add(match.group(1))
 
 
 # ----------------------------------------------------------------------------------------------

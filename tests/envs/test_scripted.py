@@ -90,6 +90,23 @@ def test_oracle_works_under_the_context_budget_wrapper():
     assert bad["success_rate"] <= 0.34
 
 
+def test_oracle_does_not_loop_when_a_summary_is_written_before_its_edit_is_seen():
+    """A compaction can come between a replace and its output: the next trace shows the output."""
+    import gymnasium as gym
+
+    import compactrl  # noqa: F401
+    from compactrl.evaluation import evaluate
+
+    def make(**kwargs):
+        return gym.make("CompactCode-v0", difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=896,
+                        reserve=64, tool_output_cap=192, max_turns=12, **kwargs)
+
+    stats = evaluate(make, OraclePolicy(summary_quality=0.0), episodes=16)
+    assert stats["mean_num_compactions"] >= 1
+    assert stats["success_rate"] >= 0.9  # the edit was made before the fact was dropped: it stands
+    assert stats["mean_truncated"] == 0.0
+
+
 @given(st.dictionaries(st.from_regex(r"\A[A-Za-z_./-]{1,20}\Z", fullmatch=True), st.integers(1, 10**6), max_size=4),
        st.dictionaries(st.from_regex(r"\A[A-Z_]{1,20}\Z", fullmatch=True),
                        st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(alphabet="abc;|/ ")).map(repr), max_size=5),

@@ -208,3 +208,36 @@ def test_summary_router_sends_only_summary_requests_to_the_summarizer():
     reqs = [PolicyRequest([], compaction_required=c) for c in (False, True, False, True)]
     assert SummaryRouter(pol, summ).act(reqs) == ["act", "sum", "act", "sum"]
     assert all(r.compaction_required for r in summ.seen) and not any(r.compaction_required for r in pol.seen)
+
+
+@pytest.mark.timeout(180)
+def test_copy_warmup_teaches_a_random_model_to_repeat_its_context():
+    from tensordict import TensorDict
+
+    from compactrl.algos.sft import copy_warmup
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=64, num_layers=2, num_experts=2,
+                                         experts_per_token=1), load_tokenizer())
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(3, 100, (8, 256), generator=g)  # a small vocabulary: every token is seen often
+    demos = TensorDict({"tokens": text, "attention_mask": torch.ones_like(text)}, batch_size=[8])
+    span = torch.randint(3, 100, (8, 12), generator=torch.Generator().manual_seed(1))  # fresh sequences
+    probe = torch.cat([span, span], dim=1)
+    select = torch.zeros_like(probe, dtype=torch.bool)
+    select[:, 13:] = True
+
+    def repeat_nll() -> float:
+        with torch.no_grad():
+            return float(-selected_log_probs(policy, probe, torch.ones_like(probe), select).mean())
+
+    before = repeat_nll()
+    history = copy_warmup(policy, demos, steps=300, lr=3e-3, batch=16, span=12, prefix=4, generator=g)
+    assert len(history) == 300
+    assert repeat_nll() < 0.05 * before  # it copies sequences it never saw: not memorised text
+    with pytest.raises(ValueError, match="demos"):
+        short = TensorDict({"tokens": text[:1, :10], "attention_mask": torch.ones(1, 10)}, batch_size=[1])
+        copy_warmup(policy, short, steps=1, lr=1e-3, span=12, prefix=4)

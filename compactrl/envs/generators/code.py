@@ -98,9 +98,9 @@ PRESETS: dict[str, CodeTaskConfig] = {
     # The main job's tasks: easy's layout with facts whose stated value is the constant verbatim
     # (an integer that is one token), so a 2-layer model learns to find and copy it in minutes.
     "tiny": CodeTaskConfig(
-        name="tiny", num_modules=1, num_docs=0, file_lines=(6, 14), num_facts=1,
+        name="tiny", num_modules=1, num_docs=0, file_lines=(5, 8), num_facts=1,
         fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=12,
-        fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
+        locations=("config",), fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
     ),
     # A tiny model learns this on CPU: a few short files, one fact, one distractor.
     "easy": CodeTaskConfig(
