@@ -95,8 +95,8 @@ def _check(ok: bool, name: str, expected: str, got: object) -> None:
 
 
 PRESETS: dict[str, CodeTaskConfig] = {
-    # The main job's tasks: easy's layout with facts whose stated value is the constant verbatim
-    # (an integer that is one token), so a 2-layer model learns to find and copy it in minutes.
+    # The main job's tasks: easy's layout, the fact in the config file, and only facts whose stated
+    # value is the constant verbatim (a one-token integer): finding the line and copying its value is all.
     "tiny": CodeTaskConfig(
         name="tiny", num_modules=1, num_docs=0, file_lines=(5, 8), num_facts=1,
         fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=12,
