@@ -39,7 +39,7 @@ ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit")
                   tool_output_cap=192, max_compactions=4, max_turns=12)
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
-DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 250, 200, 3e-3)
+DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 350, 3e-3)
 SUMMARY_QUALITY = 0.5           # oracle summaries keep each fact with this probability
 ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
@@ -81,7 +81,7 @@ demo_collector = TraceCollector([make_env("train")] * NUM_ENVS, ReadingOrderOrac
 demos = demo_collector.next()
 demo_collector.shutdown()
 copy_warmup(policy, demos, steps=COPY_STEPS, lr=SFT_LR)     # in-context copying, as a base model has it
-sft_train(policy, demos, steps=SFT_STEPS, lr=SFT_LR, batch_traces=8 if not TINY else 2)
+sft_train(policy, demos, steps=SFT_STEPS, lr=SFT_LR, batch_traces=16 if not TINY else 2)
 log.info("held-out success after SFT: %.3f", evaluate())
 
 # 2. PPO: a critic initialised from the policy, one loss module with both halves

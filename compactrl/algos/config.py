@@ -113,14 +113,14 @@ class SFTConfig:
     the file holding each fact directly (it knows where, from the task metadata)."""
     keep_truncated: bool = False
     """Train on demonstrations that hit a limit too (they are mostly loops after a lost fact)."""
-    copy_steps: int = 300
+    copy_steps: int = 200
     """Steps of in-context copy warm-up on the demonstrations' text before SFT (0 disables); it
     stands in for the pretraining a real base model has (see ``compactrl.algos.sft.copy_warmup``)."""
-    steps: int = 300
+    steps: int = 350
     """Optimiser steps."""
     lr: float = 3e-3
     """Learning rate (AdamW, cosine decay to 10%)."""
-    batch_traces: int = 8
+    batch_traces: int = 16
     """Traces per optimiser step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -172,6 +172,10 @@ class RLConfig:
     """GAE lambda (lambda = 1 makes ``bootstrap`` and ``cut`` identical)."""
     boundary: Literal["bootstrap", "cut"] = "bootstrap"
     """``bootstrap``: GAE runs across trace boundaries; ``cut``: each trace is its own episode."""
+    truncation: Literal["terminal", "bootstrap_last"] = "terminal"
+    """End of a truncated episode in GAE. ``terminal``: its end is final (the env grades the work at
+    the limit, so a loop that runs out of turns earns its 0); ``bootstrap_last``: value the end by the
+    critic (right only when the limit is not part of the task)."""
     train_summaries: bool = True
     """Include summary tokens in the policy loss (False masks them out; weights are still shared)."""
     frozen_summarizer: bool = False
@@ -188,6 +192,8 @@ class RLConfig:
     def __post_init__(self) -> None:
         _check(self.algo in ("ppo", "grpo"), "rl.algo", "ppo|grpo", self.algo)
         _check(self.boundary in ("bootstrap", "cut"), "rl.boundary", "bootstrap|cut", self.boundary)
+        _check(self.truncation in ("terminal", "bootstrap_last"), "rl.truncation", "terminal|bootstrap_last",
+               self.truncation)
         for name in ("episodes_per_iter", "group_size", "epochs", "minibatches", "micro_batch_tokens",
                      "critic_updates"):
             _check(getattr(self, name) >= 1, f"rl.{name}", ">= 1", getattr(self, name))

@@ -360,8 +360,8 @@ def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
     """Losses and advantage estimator for a trainer config (``compactrl.algos.config.RLConfig``).
 
     Reads ``algo``, ``clip_epsilon``, ``value_clip`` (0 disables), ``entropy_coef``, ``kl_coef``
-    (k3 towards the sampling log-probs), ``train_summaries``, ``gamma``, ``lmbda``, ``boundary``
-    and ``whiten_advantages``.
+    (k3 towards the sampling log-probs), ``train_summaries``, ``gamma``, ``lmbda``, ``boundary``,
+    ``truncation`` and ``whiten_advantages``.
     """
     from compactrl.algos.gae import trace_gae
 
@@ -382,7 +382,7 @@ def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
     module = CriticPPOLoss(policy, critic, CriticPPOConfig(**common, value_clip_eps=value_clip))
 
     def advantages(batch: TensorDictBase) -> TensorDictBase:
-        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary)
+        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
         if rl.whiten_advantages:
             whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
         return batch

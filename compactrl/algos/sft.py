@@ -75,6 +75,41 @@ def cosine_lr(step: int, total: int, base: float, *, warmup: int = 10, floor: fl
     return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _fit(
+    policy,
+    batch_loss: Callable[[int], torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    weight_decay: float = 0.0,
+    max_grad_norm: float = 1.0,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """The supervised optimiser loop shared by SFT and the copy warm-up.
+
+    AdamW with a cosine schedule (:func:`cosine_lr`); ``batch_loss(step)`` draws the step's batch
+    and returns its loss. Returns one metrics dict per step (``loss``, ``grad_norm``, ``lr``).
+    """
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
+                            weight_decay=weight_decay, betas=(0.9, 0.98))
+    history = []
+    policy.train()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr)
+        loss = batch_loss(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        opt.step()
+        row = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "lr": opt.param_groups[0]["lr"]}
+        history.append(row)
+        if on_step is not None:
+            on_step(step, row)
+    policy.eval()
+    return history
+
+
 def sft_train(
     policy,
     demos: TensorDict,
@@ -96,34 +131,20 @@ def sft_train(
     if steps == 0:
         return []
     n = demos.batch_size[0]
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
-                            weight_decay=weight_decay, betas=(0.9, 0.98))
-    order = torch.randperm(n, generator=generator)
-    cursor = 0
-    history = []
-    policy.train()
-    for step in range(steps):
-        if cursor + batch_traces > n:
-            order, cursor = torch.randperm(n, generator=generator), 0
-        idx = order[cursor:cursor + batch_traces]
-        cursor += batch_traces
+    state = {"order": torch.randperm(n, generator=generator), "cursor": 0}
+
+    def batch_loss(step: int) -> torch.Tensor:
+        if state["cursor"] + batch_traces > n:
+            state["order"], state["cursor"] = torch.randperm(n, generator=generator), 0
+        idx = state["order"][state["cursor"]:state["cursor"] + batch_traces]
+        state["cursor"] += batch_traces
         mb = trim_padding(demos[idx])
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, steps, lr)
         select = mb["policy_mask"] & mb["attention_mask"]
         select[:, 0] = False  # nothing predicts the first token
-        logp = selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select)
-        loss = -logp.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        opt.step()
-        row = {"loss": float(loss.detach()), "grad_norm": float(grad_norm), "lr": opt.param_groups[0]["lr"]}
-        history.append(row)
-        if on_step is not None:
-            on_step(step, row)
-    policy.eval()
-    return history
+        return -selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select).mean()
+
+    return _fit(policy, batch_loss, steps=steps, lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                on_step=on_step)
 
 
 def copy_warmup(
@@ -148,37 +169,27 @@ def copy_warmup(
     then writes plausible but wrong paths and values). Each sequence here is ``prefix`` tokens of
     demonstration text, then a ``span`` of demonstration text twice; the loss is the NLL of the
     repeat. This stands in for the base model's pretraining: it uses no labels and no task
-    knowledge. Returns one metrics dict per step (``loss``, ``lr``).
+    knowledge. Returns one metrics dict per step (``loss``, ``grad_norm``, ``lr``).
     """
     if steps == 0:
         return []
     flat = demos["tokens"][demos["attention_mask"].bool()]
     if flat.numel() <= span + prefix:
         raise ValueError(f"demos: expected more than {span + prefix} tokens of text, got {flat.numel()}")
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.98))
     offsets = torch.arange(span + prefix)
-    history = []
-    policy.train()
-    for step in range(steps):
+
+    def batch_loss(step: int) -> torch.Tensor:
         starts = torch.randint(0, flat.numel() - span - prefix, (batch, 2), generator=generator)
         head = flat[starts[:, :1] + offsets[:prefix]]
         body = flat[starts[:, 1:] + offsets[:span]]
         tokens = torch.cat([head, body, body], dim=1)
         select = torch.zeros_like(tokens, dtype=torch.bool)
         select[:, prefix + span + 1:] = True  # the first repeated token cannot be predicted
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, steps, lr)
-        loss = -selected_log_probs(policy, tokens, torch.ones_like(tokens), select).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        opt.step()
-        row = {"loss": float(loss.detach()), "lr": opt.param_groups[0]["lr"]}
-        history.append(row)
-        if on_step is not None:
-            on_step(step, row)
-    policy.eval()
-    return history
+        return -selected_log_probs(policy, tokens, torch.ones_like(tokens), select).mean()
+
+    # weight decay 0.01: AdamW's default, which the warm-up has always used
+    return _fit(policy, batch_loss, steps=steps, lr=lr, weight_decay=0.01, max_grad_norm=max_grad_norm,
+                on_step=on_step)
 
 
 # -- the demonstrator ----------------------------------------------------------------------------------

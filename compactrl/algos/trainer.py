@@ -217,7 +217,7 @@ def compute_advantages(batch: TensorDict, cfg: TrainConfig, critic) -> TensorDic
     rl = cfg.rl
     if rl.algo == "ppo":
         batch["value"] = critic_values(critic, batch, rl.micro_batch_tokens)
-        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary)
+        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
     else:
         grpo_advantage(batch)
     if rl.whiten_advantages:

@@ -40,6 +40,7 @@ def test_every_field_has_a_docstring():
         ({"rl.lmbda": 1.5}, "rl.lmbda"),
         ({"rl.algo": "sac"}, "rl.algo"),
         ({"rl.boundary": "other"}, "rl.boundary"),
+        ({"rl.truncation": "ignore"}, "rl.truncation"),
         ({"sft.summary_quality": 2.0}, "sft.summary_quality"),
         ({"env.max_new_tokens": 5000}, "env.max_new_tokens"),
         ({"env.env_kwargs": "[1]"}, "env.env_kwargs"),

@@ -241,3 +241,27 @@ def test_copy_warmup_teaches_a_random_model_to_repeat_its_context():
     with pytest.raises(ValueError, match="demos"):
         short = TensorDict({"tokens": text[:1, :10], "attention_mask": torch.ones(1, 10)}, batch_size=[1])
         copy_warmup(policy, short, steps=1, lr=1e-3, span=12, prefix=4)
+
+
+@pytest.mark.parametrize("truncation", ["terminal", "bootstrap_last"])
+def test_a_truncated_episode_earns_its_final_reward_only_when_its_end_is_terminal(truncation):
+    """``rl.truncation`` reaches GAE: with ``terminal`` a loop cut at the turn limit ends at its reward
+    (0), so its last token's advantage is ``-V``; with ``bootstrap_last`` the critic values the end and
+    the same token's advantage is 0 (at gamma = 1): the loop costs nothing."""
+    from compactrl.algos.trainer import compute_advantages
+    from compactrl.collectors.batch import EpisodeMeta, stack_traces
+    from compactrl.types import Trace
+
+    n = 6
+    trace = Trace(list(range(3, 3 + n)), [False, True, True, False, True, True], [False] * n,
+                  [-1.0] * n, {}, trace_index=0)
+    batch = stack_traces([(EpisodeMeta(0, 0, False, True), [trace])])  # truncated, reward 0
+    cfg = _smoke(**{"rl.truncation": truncation, "rl.whiten_advantages": False, "rl.lmbda": 1.0})
+
+    class ConstantCritic:
+        def value(self, tokens, mask):
+            return torch.full(tokens.shape, 0.8)
+
+    compute_advantages(batch, cfg, ConstantCritic())
+    last = batch["advantage"][0, n - 1].item()
+    assert last == pytest.approx(-0.8 if truncation == "terminal" else 0.0)
