@@ -24,7 +24,8 @@ seeds with a 95% t-interval, and pooled over all episodes with a Wilson interval
 per episode, the share of generated tokens spent on summaries, generation time spent on
 summaries per episode, and wall-clock per episode.
 
-Run (one command; the full run takes about an hour on a 2-core CPU, ``--quick`` about 15 min)::
+Run (one command; ``--quick`` takes about 30 min on a 2-core CPU from an existing SFT model, the full
+run several hours)::
 
     python benchmarks/compaction_ablation.py --out runs/ablation
     python benchmarks/compaction_ablation.py --quick --out runs/ablation-quick
@@ -88,7 +89,7 @@ def base_config(quick: bool, serving_budget: int | None, preset_name: str = "abl
     cfg = preset(preset_name)
     changes: dict[str, Any] = {}
     if quick:
-        changes.update({"rl.iterations": 6, "rl.episodes_per_iter": 16, "eval.episodes": 32, "eval.every": 3})
+        changes.update({"rl.iterations": 6, "rl.episodes_per_iter": 16, "eval.episodes": 64, "eval.every": 6})
     if serving_budget:
         changes["env.context_budget"] = serving_budget
     return override(cfg, changes) if changes else cfg

@@ -37,13 +37,13 @@ ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit")
                   tool_output_cap=192, max_compactions=4, max_turns=12)
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
-DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 350, 3e-3)
+DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 300, 3e-3)
 SUMMARY_QUALITY = 0.5           # oracle summaries keep each fact with this probability
 ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
 GROUP_SIZE = 2 if TINY else 4   # rollouts per task
 EPOCHS, MICRO_BATCH_TOKENS = 2, 8192
-LR = 3e-4
+LR = 1e-4
 EVAL_EPISODES = 2 if TINY else 32
 # ---------------------------------------------------------------------------------------------------
 

@@ -39,12 +39,12 @@ ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit")
                   tool_output_cap=192, max_compactions=4, max_turns=12)
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
-DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 350, 3e-3)
+DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 300, 3e-3)
 SUMMARY_QUALITY = 0.5           # oracle summaries keep each fact with this probability
 ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
 EPOCHS, MICRO_BATCH_TOKENS = 2, 8192
-LR, CRITIC_LR = 3e-4, 1e-3
+LR, CRITIC_LR = 1e-4, 1e-3
 GAMMA, LMBDA, BOUNDARY = 1.0, 0.95, "bootstrap"   # "cut" restarts GAE at every trace
 EVAL_EPISODES = 2 if TINY else 32
 # ---------------------------------------------------------------------------------------------------
@@ -97,7 +97,8 @@ for i, batch in enumerate(collector):
     with torch.no_grad():                                   # the critic's value at every token, packed
         for rows in pack_rows(row_lengths(batch["attention_mask"]), MICRO_BATCH_TOKENS):
             batch["value"][rows] = critic.value(batch["tokens"][rows], batch["attention_mask"][rows])
-    trace_gae(batch, gamma=GAMMA, lmbda=LMBDA, boundary=BOUNDARY)   # GAE across trace boundaries
+    trace_gae(batch, gamma=GAMMA, lmbda=LMBDA, boundary=BOUNDARY,   # GAE across trace boundaries;
+              truncation="terminal")                           # a run cut at the turn limit ends at its reward
     whiten_advantages(batch)
     add_loss_normalizers(batch)                              # per-token normalisation over the batch
     for _ in range(EPOCHS):

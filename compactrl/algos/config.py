@@ -116,7 +116,7 @@ class SFTConfig:
     copy_steps: int = 200
     """Steps of in-context copy warm-up on the demonstrations' text before SFT (0 disables); it
     stands in for the pretraining a real base model has (see ``compactrl.algos.sft.copy_warmup``)."""
-    steps: int = 350
+    steps: int = 300
     """Optimiser steps."""
     lr: float = 3e-3
     """Learning rate (AdamW, cosine decay to 10%)."""
@@ -142,7 +142,7 @@ class RLConfig:
 
     algo: Literal["ppo", "grpo"] = "ppo"
     """``ppo`` (critic, token-level GAE) or ``grpo`` (group-relative outcome advantage)."""
-    iterations: int = 5
+    iterations: int = 6
     """Collect-then-update iterations."""
     episodes_per_iter: int = 32
     """Episodes collected per iteration."""
@@ -154,11 +154,11 @@ class RLConfig:
     """Optimiser steps per epoch (the batch is split into this many parts)."""
     micro_batch_tokens: int = 8192
     """Token budget of one forward/backward micro-batch (padding included); gradients accumulate."""
-    lr: float = 3e-4
+    lr: float = 1e-4
     """Policy learning rate (AdamW)."""
     critic_lr: float = 1e-3
     """Critic learning rate (AdamW)."""
-    critic_warmup_iters: int = 1
+    critic_warmup_iters: int = 2
     """First iterations train only the critic (the policy is not updated)."""
     critic_updates: int = 1
     """Critic optimiser steps per policy optimiser step."""
@@ -215,7 +215,7 @@ class RLConfig:
 class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
-    every: int = 5
+    every: int = 3
     """Evaluate every this many iterations (and always at the end)."""
     initial: bool = True
     """Also evaluate at iteration 0 (after SFT, before RL)."""

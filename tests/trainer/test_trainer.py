@@ -210,7 +210,7 @@ def test_summary_router_sends_only_summary_requests_to_the_summarizer():
     assert all(r.compaction_required for r in summ.seen) and not any(r.compaction_required for r in pol.seen)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_copy_warmup_teaches_a_random_model_to_repeat_its_context():
     from tensordict import TensorDict
 
