@@ -38,9 +38,10 @@ CURVES = (
     ("train/reward_mean", "training reward per episode"),
     ("train/traces_per_episode", "traces per episode"),
     ("train/summary_tokens_per_episode", "summary tokens per episode"),
-    ("loss/value", "value loss"),
-    ("loss/clip_fraction", "clip fraction"),
-    ("loss/kl", "KL(sampling || current)"),
+    ("loss/critic", "value loss"),
+    ("critic/explained_variance", "critic explained variance"),
+    ("policy/clip_fraction", "clip fraction"),
+    ("policy/approx_kl", "approx. KL(sampling || current)"),
 )
 """(metric key, title) of every learning curve the run draws."""
 

@@ -37,6 +37,13 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert all("train/traces_per_episode" in r and "loss/objective" in r for r in rows[2:])
     assert json.loads((tmp_path / "run" / "config.json").read_text())["rl"]["algo"] == algo
     assert (tmp_path / "run" / "plots" / "curves.png").stat().st_size > 1000
+    from compactrl.algos.run_dir import CURVES
+
+    logged = {k for r in rows for k in r}
+    for key, _title in CURVES:  # every curve the metrics hold is drawn, and only those
+        assert (tmp_path / "run" / "plots" / (key.replace("/", "_") + ".png")).exists() == (key in logged), key
+    wanted = {"policy/clip_fraction", "policy/approx_kl"} | ({"loss/critic"} if algo == "ppo" else set())
+    assert wanted <= logged & {k for k, _ in CURVES}
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "run" / "sft_model" / "model.safetensors").exists()
     state = run.load_checkpoint()
