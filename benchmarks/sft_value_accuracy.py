@@ -27,20 +27,12 @@ PATTERNS = {
 
 
 def held_out_demos(episodes: int, seed: int):
-    """Reading-order demonstrations on test-split tasks, through the main preset's wrapper."""
+    """Reading-order demonstrations on test-split tasks, through the main preset's wrapper (all kept)."""
     from compactrl.algos.config import override, preset
-    from compactrl.algos.sft import ReadingOrderOracle
-    from compactrl.algos.trainer import make_env_fns
-    from compactrl.collectors.trace_collector import TraceCollector
+    from compactrl.algos.trainer import collect_demonstrations
 
-    cfg = override(preset("main"), {"seed": seed})
-    demo = ReadingOrderOracle(summary_quality=cfg.sft.summary_quality, seed=seed)
-    collector = TraceCollector(make_env_fns(cfg.env, split="test", count=cfg.env.num_envs), demo,
-                               episodes_per_batch=episodes, seed=seed, pad_id=0)
-    try:
-        return collector.next()
-    finally:
-        collector.shutdown()
+    cfg = override(preset("main"), {"seed": seed, "sft.demo_episodes": episodes, "sft.keep_truncated": True})
+    return collect_demonstrations(cfg, pad_id=0, split="test")[0]
 
 
 def value_positions(batch, tokenizer) -> dict[str, torch.Tensor]:

@@ -131,13 +131,14 @@ def sft_train(
     if steps == 0:
         return []
     n = demos.batch_size[0]
-    state = {"order": torch.randperm(n, generator=generator), "cursor": 0}
+    order, cursor = torch.randperm(n, generator=generator), 0
 
     def batch_loss(step: int) -> torch.Tensor:
-        if state["cursor"] + batch_traces > n:
-            state["order"], state["cursor"] = torch.randperm(n, generator=generator), 0
-        idx = state["order"][state["cursor"]:state["cursor"] + batch_traces]
-        state["cursor"] += batch_traces
+        nonlocal order, cursor
+        if cursor + batch_traces > n:
+            order, cursor = torch.randperm(n, generator=generator), 0
+        idx = order[cursor:cursor + batch_traces]
+        cursor += batch_traces
         mb = trim_padding(demos[idx])
         select = mb["policy_mask"] & mb["attention_mask"]
         select[:, 0] = False  # nothing predicts the first token

@@ -102,18 +102,19 @@ class SummaryRouter:
         return out
 
 
-def collect_demonstrations(cfg: TrainConfig, pad_id: int) -> tuple[TensorDict, dict[str, float]]:
+def collect_demonstrations(cfg: TrainConfig, pad_id: int, *, split: str = "train") -> tuple[TensorDict, dict[str, float]]:
     """Scripted episodes with imperfect summaries, through the training wrapper, as one trace batch.
 
     Episodes that hit a limit are dropped unless ``sft.keep_truncated`` (see :class:`SFTConfig`);
-    the returned statistics describe every collected episode.
+    the returned statistics describe every collected episode. ``split`` chooses the task split
+    (held-out demonstrations for diagnostics come from ``"test"``).
     """
     from compactrl.algos.sft import ReadingOrderOracle
     from compactrl.policies.scripted import OraclePolicy
 
     make = ReadingOrderOracle if cfg.sft.demonstrator == "reading_order" else OraclePolicy
     demonstrator = make(summary_quality=cfg.sft.summary_quality, seed=cfg.seed)
-    collector = TraceCollector(make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), demonstrator,
+    collector = TraceCollector(make_env_fns(cfg.env, split=split, count=cfg.env.num_envs), demonstrator,
                                episodes_per_batch=cfg.sft.demo_episodes, seed=cfg.seed + 7, pad_id=pad_id)
     try:
         demos = collector.next()
