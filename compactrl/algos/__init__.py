@@ -24,6 +24,7 @@ _EXPORTS = {
     "whiten_advantages": "compactrl.algos.losses",
     "LossBundle": "compactrl.algos.losses",
     "build_losses": "compactrl.algos.losses",
+    "advantage_estimator": "compactrl.algos.losses",
     "pack_rows": "compactrl.algos.packing",
     "micro_batches": "compactrl.algos.packing",
     "padding_share": "compactrl.algos.packing",

@@ -37,6 +37,7 @@ __all__ = [
     "whiten_advantages",
     "LossBundle",
     "build_losses",
+    "advantage_estimator",
 ]
 
 
@@ -356,15 +357,36 @@ class LossBundle:
         return self._run(self.module.critic_loss, part, total_tokens, ("num_value_tokens",))
 
 
+def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
+    """``batch -> batch`` with ``advantage`` (and, for PPO, ``value_target``) written, per ``rl``.
+
+    PPO: token-level GAE over the batch's traces (``gamma``, ``lmbda``, ``boundary``,
+    ``truncation``; needs ``value``); GRPO: the group-relative outcome advantage. Both then whiten
+    over the loss's tokens when ``whiten_advantages``, so every arm of a comparison is normalised
+    the same way.
+    """
+
+    def advantages(batch: TensorDictBase) -> TensorDictBase:
+        if rl.algo == "grpo":
+            grpo_advantage(batch)
+        else:
+            from compactrl.algos.gae import trace_gae
+
+            trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
+        if rl.whiten_advantages:
+            whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
+        return batch
+
+    return advantages
+
+
 def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
     """Losses and advantage estimator for a trainer config (``compactrl.algos.config.RLConfig``).
 
     Reads ``algo``, ``clip_epsilon``, ``value_clip`` (0 disables), ``entropy_coef``, ``kl_coef``
-    (k3 towards the sampling log-probs), ``train_summaries``, ``gamma``, ``lmbda``, ``boundary``,
-    ``truncation`` and ``whiten_advantages``.
+    (k3 towards the sampling log-probs), ``train_summaries``, and what :func:`advantage_estimator`
+    reads. The trainer builds its losses here.
     """
-    from compactrl.algos.gae import trace_gae
-
     common = dict(
         clip_eps_low=rl.clip_epsilon,
         clip_eps_high=rl.clip_epsilon,
@@ -374,17 +396,9 @@ def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
         train_summaries=rl.train_summaries,
     )
     if rl.algo == "grpo":
-        module = GRPOLoss(policy, GRPOConfig(**common))
-        return LossBundle(module, module.compute_advantage)
+        return LossBundle(GRPOLoss(policy, GRPOConfig(**common)), advantage_estimator(rl))
     if critic is None:
         raise ValueError("rl.algo='ppo' needs a critic")
     value_clip = rl.value_clip if rl.value_clip > 0 else None
     module = CriticPPOLoss(policy, critic, CriticPPOConfig(**common, value_clip_eps=value_clip))
-
-    def advantages(batch: TensorDictBase) -> TensorDictBase:
-        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
-        if rl.whiten_advantages:
-            whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
-        return batch
-
-    return LossBundle(module, advantages)
+    return LossBundle(module, advantage_estimator(rl))

@@ -198,32 +198,21 @@ class LossPositionsActor(torch.nn.Module):
 
 
 def build_loss(cfg: TrainConfig, policy, critic):
-    """The TorchRL loss module of ``cfg.rl.algo`` (critic PPO or GRPO) with the run's options."""
-    from compactrl.algos.losses import CriticPPOConfig, CriticPPOLoss, GRPOConfig, GRPOLoss
+    """The TorchRL loss module of ``cfg.rl.algo`` (critic PPO or GRPO), the policy seen through
+    :class:`LossPositionsActor`; built by :func:`~compactrl.algos.losses.build_losses`."""
+    from compactrl.algos.losses import build_losses
 
-    rl = cfg.rl
-    actor = LossPositionsActor(policy)
-    common = dict(clip_eps_low=rl.clip_epsilon, clip_eps_high=rl.clip_epsilon, entropy_coef=rl.entropy_coef,
-                  kl_coef=rl.kl_coef, kl_ref_key="sample_log_prob", train_summaries=rl.train_summaries)
-    if rl.algo == "ppo":
-        return CriticPPOLoss(actor, critic, CriticPPOConfig(value_clip_eps=rl.value_clip or None, **common))
-    return GRPOLoss(actor, GRPOConfig(**common))
+    return build_losses(cfg.rl, LossPositionsActor(policy), critic).module
 
 
 def compute_advantages(batch: TensorDict, cfg: TrainConfig, critic) -> TensorDict:
-    """PPO: critic values then token-level GAE over traces; GRPO: group-relative outcome advantage."""
-    from compactrl.algos.gae import trace_gae
-    from compactrl.algos.losses import grpo_advantage, loss_mask, whiten_advantages
+    """PPO: critic values then token-level GAE over traces; GRPO: group-relative outcome advantage
+    (:func:`~compactrl.algos.losses.advantage_estimator`)."""
+    from compactrl.algos.losses import advantage_estimator
 
-    rl = cfg.rl
-    if rl.algo == "ppo":
-        batch["value"] = critic_values(critic, batch, rl.micro_batch_tokens)
-        trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
-    else:
-        grpo_advantage(batch)
-    if rl.whiten_advantages:
-        whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
-    return batch
+    if cfg.rl.algo == "ppo":
+        batch["value"] = critic_values(critic, batch, cfg.rl.micro_batch_tokens)
+    return advantage_estimator(cfg.rl)(batch)
 
 
 def ppo_update(batch: TensorDict, *, loss_module, policy, critic, opt, critic_opt, cfg: TrainConfig,
