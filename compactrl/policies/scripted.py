@@ -68,17 +68,11 @@ def format_summary(state: SummaryState) -> str:
 
 
 def parse_summary(text: str) -> SummaryState | None:
-    """The last summary block in ``text``, or None if there is none.
-
-    A block cut short by the token limit (no closing tag) is read to the end of ``text``: what it
-    holds is still what its writer carried over.
-    """
+    """The last summary block in ``text``, or None if there is none."""
     start = text.rfind(SUMMARY_OPEN)
-    if start < 0:
-        return None
     end = text.find(SUMMARY_CLOSE, start)
-    if end < 0:
-        end = len(text)
+    if start < 0 or end < 0:
+        return None
     state = SummaryState()
     in_facts = False
     for line in text[start + len(SUMMARY_OPEN) : end].splitlines():

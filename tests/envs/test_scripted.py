@@ -124,10 +124,3 @@ def test_random_policy_never_breaks_the_env(seed, policy_seed):
     env = ENVS["easy"]
     reward, _, info = play(env, RandomPolicy(seed=policy_seed), seed)
     assert reward in (0.0, 1.0) and info["turn"] <= env.task.max_turns
-
-
-def test_a_summary_cut_at_the_token_limit_keeps_what_it_holds():
-    state = SummaryState(read={"a.py": 3}, facts={"PAGE_SIZE": "25"}, done=[], next="run the tests")
-    cut = format_summary(state).removesuffix("</summary>")[:-3]
-    parsed = parse_summary("Summary of your earlier work:\n" + cut)
-    assert parsed is not None and parsed.read == state.read and parsed.facts == state.facts
