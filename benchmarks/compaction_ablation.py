@@ -89,7 +89,8 @@ def base_config(quick: bool, serving_budget: int | None, preset_name: str = "abl
     cfg = preset(preset_name)
     changes: dict[str, Any] = {}
     if quick:
-        changes.update({"rl.iterations": 6, "rl.episodes_per_iter": 16, "eval.episodes": 64, "eval.every": 6})
+        changes.update({"rl.iterations": 7, "rl.episodes_per_iter": 16, "rl.critic_warmup_iters": 1,
+                        "eval.episodes": 64, "eval.every": 7})
     if serving_budget:
         changes["env.context_budget"] = serving_budget
     return override(cfg, changes) if changes else cfg

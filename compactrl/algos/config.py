@@ -36,7 +36,7 @@ class EnvConfig:
     """Task-generator preset (``tiny``, ``easy``, ``default``, ``hard``)."""
     tools: str = "view,replace,test,submit"
     """Comma-separated tools the env accepts and its system prompt lists (empty: the env's full set)."""
-    context_budget: int = 896
+    context_budget: int = 860
     """Context budget in tokens; the wrapper asks for a summary before a response would exceed it."""
     max_new_tokens: int = 64
     """Longest response (tokens) the policy may generate per step."""
@@ -108,9 +108,11 @@ class SFTConfig:
     """Oracle episodes collected through the same ContextBudget wrapper as training."""
     summary_quality: float = 0.5
     """Oracle summary quality in [0, 1]: the probability that each fact survives into a summary."""
-    demonstrator: Literal["reading_order", "oracle"] = "reading_order"
-    """``reading_order``: reads candidate files in an order a learner can imitate; ``oracle``: reads
-    the file holding each fact directly (it knows where, from the task metadata)."""
+    demonstrator: Literal["reading_order", "reproduce_first", "oracle"] = "reading_order"
+    """``reading_order``: reads candidate files in an order a learner can imitate;
+    ``reproduce_first``: the same, but runs the tests before fixing and views the bug file again
+    after a summary (``ReadingOrderOracle(reproduce_first=True)``); ``oracle``: reads the file
+    holding each fact directly (it knows where, from the task metadata)."""
     keep_truncated: bool = False
     """Train on demonstrations that hit a limit too (they are mostly loops after a lost fact)."""
     copy_steps: int = 200
@@ -124,16 +126,33 @@ class SFTConfig:
     """Traces per optimiser step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    budget: int = 896
+    """Context budget of the demonstrations (0 = ``env.context_budget``). The default, roomier than
+    the training budget, lets most demonstrations write their fix before the first summary, so the
+    value lookup is learned from every demonstration (see docs/training.md, the main job)."""
+    second_demonstrator: Literal["none", "reading_order", "reproduce_first", "oracle"] = "reproduce_first"
+    """A second SFT phase after the first, on this demonstrator's episodes at ``env.context_budget``
+    (``none``: no second phase)."""
+    second_steps: int = 100
+    """Optimiser steps of the second phase."""
+    second_lr: float = 1e-3
+    """Learning rate of the second phase (AdamW, cosine decay to 10%)."""
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.summary_quality <= 1.0, "sft.summary_quality", "a value in [0, 1]", self.summary_quality)
-        _check(self.demonstrator in ("reading_order", "oracle"), "sft.demonstrator", "reading_order|oracle",
+        _check(self.demonstrator in ("reading_order", "reproduce_first", "oracle"), "sft.demonstrator",
+               "reading_order|reproduce_first|oracle",
                self.demonstrator)
         for name in ("demo_episodes", "batch_traces"):
             _check(getattr(self, name) >= 1, f"sft.{name}", ">= 1", getattr(self, name))
         _check(self.steps >= 0, "sft.steps", ">= 0", self.steps)
         _check(self.copy_steps >= 0, "sft.copy_steps", ">= 0", self.copy_steps)
         _check(self.lr > 0, "sft.lr", "> 0", self.lr)
+        _check(self.budget >= 0, "sft.budget", ">= 0", self.budget)
+        _check(self.second_demonstrator in ("none", "reading_order", "reproduce_first", "oracle"),
+               "sft.second_demonstrator", "none|reading_order|reproduce_first|oracle", self.second_demonstrator)
+        _check(self.second_steps >= 0, "sft.second_steps", ">= 0", self.second_steps)
+        _check(self.second_lr > 0, "sft.second_lr", "> 0", self.second_lr)
 
 
 @dataclass(frozen=True)
@@ -142,7 +161,7 @@ class RLConfig:
 
     algo: Literal["ppo", "grpo"] = "ppo"
     """``ppo`` (critic, token-level GAE) or ``grpo`` (group-relative outcome advantage)."""
-    iterations: int = 6
+    iterations: int = 12
     """Collect-then-update iterations."""
     episodes_per_iter: int = 32
     """Episodes collected per iteration."""
@@ -215,7 +234,7 @@ class RLConfig:
 class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
-    every: int = 3
+    every: int = 6
     """Evaluate every this many iterations (and always at the end)."""
     initial: bool = True
     """Also evaluate at iteration 0 (after SFT, before RL)."""
@@ -301,7 +320,7 @@ def _preset_smoke() -> TrainConfig:
     return TrainConfig(
         env=EnvConfig(num_envs=2, max_turns=3, context_budget=640, max_new_tokens=16, tool_output_cap=64),
         model=ModelConfig(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1),
-        sft=SFTConfig(demo_episodes=2, copy_steps=2, steps=2, batch_traces=2),
+        sft=SFTConfig(demo_episodes=2, copy_steps=2, steps=2, batch_traces=2, budget=0, second_steps=2),
         rl=RLConfig(iterations=2, episodes_per_iter=2, group_size=2, epochs=1, minibatches=1,
                     critic_warmup_iters=1, micro_batch_tokens=2048),
         eval=EvalConfig(every=1, episodes=2),

@@ -78,6 +78,7 @@ class RunDir:
         self.checkpoint_path = self.path / "checkpoint.pt"
         self.config_path = self.path / "config.json"
         self.sft_model_path = self.path / "sft_model"
+        self.final_model_path = self.path / "final_model"
         self._tb = None
 
     # -- config ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -207,20 +208,93 @@ class ReadingOrderOracle:
     then proceeds as the oracle does (view the bug file, replace, test, submit). Summaries are the
     oracle's, dropping each fact with probability ``1 - summary_quality``, so a lost fact makes
     the episode fail, as it would for an agent that trusted a bad summary.
+
+    With ``reproduce_first`` it runs the tests once before fixing (``Next: run the tests, then
+    fix KEY = V in FILE.``), views the bug file again when its stale line is not in the current
+    context (after a summary), and a summary that drops a fact drops it everywhere: its ``next``
+    line then names the constant without a value. So when the compaction falls between reading
+    the facts and writing the fix, the fix is only as good as the summary.
     """
 
-    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25) -> None:
-        from compactrl.policies.scripted import OraclePolicy
+    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25,
+                 reproduce_first: bool = False) -> None:
+        from compactrl.policies.scripted import OraclePolicy, _in_words, _observe
 
         class _Ordered(OraclePolicy):
+            noted: frozenset[str] = frozenset()  # stale lines the latest summary states
+
             def _next_call(inner, know, task):  # noqa: N805 - closure over the outer demonstrator
                 call = _next_read(know, task, inner.chunk_lines)
+                if call is None and reproduce_first:
+                    call = _reproduce_first(know, task, inner.chunk_lines, inner.noted)
                 return call if call is not None else OraclePolicy._next_call(inner, know, task)
+
+            def respond(inner, request):  # noqa: N805
+                if not reproduce_first:
+                    return OraclePolicy.respond(inner, request)
+                inner.noted = _noted_stale_lines(request.messages)
+                text = OraclePolicy.respond(inner, request)
+                if not request.compaction_required and text.endswith("<tool>test</tool>"):
+                    know = _observe(request.messages, request.task.metadata["facts"])
+                    inner._guess_lost_facts(know, request.task.metadata)
+                    if not know.fixed:  # the test before the fix: say what the fix will be
+                        fix = OraclePolicy._next_call(inner, know, request.task)
+                        text = f"Next: run the tests, then {_in_words(fix)}.\n<tool>test</tool>"
+                return text
+
+            def _summary(inner, know, task, messages):  # noqa: N805
+                text = OraclePolicy._summary(inner, know, task, messages)
+                if not reproduce_first:
+                    return text
+                text = text.replace("done: nothing yet\n", "")  # summaries must fit the response limit
+                if not know.fixed:  # only the test before the fix has run
+                    text = text.replace("done: tested", "done: ran the tests")
+                call = inner._next_call(know, task)
+                plan = OraclePolicy._next_call(inner, know, task) if call.name == "test" and not know.fixed else call
+                if plan.name != "replace":
+                    return text
+                key = plan.new.split(" = ", 1)[0]
+                if f"\n{key} = " in text:  # the fact survived: the plan, with the exact old line
+                    words = f"replace {plan.old.strip()} in {plan.path}"
+                else:  # a dropped fact is dropped everywhere
+                    words = f"fix {key} in {plan.path}"
+                return re.sub(r"\nnext: .*\n", lambda _: f"\nnext: {words}\n", text, count=1)
 
         self._oracle = _Ordered(summary_quality=summary_quality, seed=seed, chunk_lines=chunk_lines)
 
     def act(self, requests):
         return self._oracle.act(requests)
+
+
+_NOTED = re.compile(r"^next: replace ([A-Z][A-Z0-9_]* = \S+) in ", re.M)
+
+
+def _noted_stale_lines(messages) -> frozenset[str]:
+    """The stale line the latest summary in ``messages`` says to replace (``next: replace KEY = OLD in FILE``)."""
+    from compactrl.policies.scripted import SUMMARY_OPEN
+
+    for msg in reversed(messages):
+        content = msg.get("content", "")
+        if msg.get("role") != "system" and SUMMARY_OPEN in content:
+            return frozenset(_NOTED.findall(content))
+    return frozenset()
+
+
+def _reproduce_first(know, task, chunk_lines: int, noted: frozenset[str]):
+    """Before the first fix: see the stale lines (in context or in the summary), then run the tests once."""
+    from compactrl.envs.tools import ToolCall
+
+    meta = task.metadata
+    bug = meta["bug_file"]
+    pending = [fix for fact, fix in zip(meta["facts"], meta["fix"]) if fact["key"] not in know.fixed]
+    if not pending:
+        return None
+    seen = set(know.seen_lines.get(bug, {}).values()) | noted
+    if any(fix["old"].rstrip("\n") not in seen for fix in pending):
+        return ToolCall("view", path=bug, start=1, end=chunk_lines)
+    if not know.tested_after_fix and not know.fixed:
+        return ToolCall("test")
+    return None
 
 
 def reading_order(files: list[str], bug_file: str) -> list[str]:

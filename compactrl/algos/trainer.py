@@ -102,20 +102,30 @@ class SummaryRouter:
         return out
 
 
-def collect_demonstrations(cfg: TrainConfig, pad_id: int, *, split: str = "train") -> tuple[TensorDict, dict[str, float]]:
+def collect_demonstrations(cfg: TrainConfig, pad_id: int, *, split: str = "train", second: bool = False,
+                           ) -> tuple[TensorDict, dict[str, float]]:
     """Scripted episodes with imperfect summaries, through the training wrapper, as one trace batch.
 
     Episodes that hit a limit are dropped unless ``sft.keep_truncated`` (see :class:`SFTConfig`);
     the returned statistics describe every collected episode. ``split`` chooses the task split
-    (held-out demonstrations for diagnostics come from ``"test"``).
+    (held-out demonstrations for diagnostics come from ``"test"``). ``second`` collects the second
+    SFT phase's demonstrations (``sft.second_demonstrator`` at ``env.context_budget``, on other
+    tasks and with other dropped facts than the first phase's); otherwise ``sft.demonstrator`` at
+    ``sft.budget``.
     """
     from compactrl.algos.sft import ReadingOrderOracle
     from compactrl.policies.scripted import OraclePolicy
 
-    make = ReadingOrderOracle if cfg.sft.demonstrator == "reading_order" else OraclePolicy
-    demonstrator = make(summary_quality=cfg.sft.summary_quality, seed=cfg.seed)
-    collector = TraceCollector(make_env_fns(cfg.env, split=split, count=cfg.env.num_envs), demonstrator,
-                               episodes_per_batch=cfg.sft.demo_episodes, seed=cfg.seed + 7, pad_id=pad_id)
+    kind = cfg.sft.second_demonstrator if second else cfg.sft.demonstrator
+    budget = cfg.env.context_budget if second else (cfg.sft.budget or cfg.env.context_budget)
+    seed = cfg.seed + 1000 * second
+    if kind == "oracle":
+        demonstrator = OraclePolicy(summary_quality=cfg.sft.summary_quality, seed=seed)
+    else:
+        demonstrator = ReadingOrderOracle(summary_quality=cfg.sft.summary_quality, seed=seed,
+                                          reproduce_first=kind == "reproduce_first")
+    collector = TraceCollector(make_env_fns(cfg.env, split=split, count=cfg.env.num_envs, budget=budget),
+                               demonstrator, episodes_per_batch=cfg.sft.demo_episodes, seed=seed + 7, pad_id=pad_id)
     try:
         demos = collector.next()
     finally:
@@ -399,7 +409,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
             progress.update(task, advance=1, status=f"success {sr:.2f}")
         log.info("iteration %d: %s", it, {k: round(v, 4) for k, v in row.items() if isinstance(v, float)})
     collector.shutdown()
+    policy.save_pretrained(run.final_model_path)  # the trained policy, in Hugging Face format
     return _finish(run, cfg, elapsed_before + time.perf_counter() - t_start)
+
+
+def _tail_loss(history: list[dict[str, float]]) -> float:
+    """Mean loss over the last tenth of an optimiser loop's steps (nan when there were none)."""
+    tail = history[-max(1, len(history) // 10):]
+    return sum(r["loss"] for r in tail) / len(tail) if tail else float("nan")
 
 
 def _sft_phase(cfg: TrainConfig, policy, pad_id: int, progress: Any) -> dict[str, float]:
@@ -422,12 +439,25 @@ def _sft_phase(cfg: TrainConfig, policy, pad_id: int, progress: Any) -> dict[str
     t_copy = time.perf_counter() - t_copy
     history = sft_train(policy, demos, steps=cfg.sft.steps, lr=cfg.sft.lr, batch_traces=cfg.sft.batch_traces,
                         weight_decay=cfg.sft.weight_decay, generator=gen, on_step=advance(sft_bar))
-    tail = history[-max(1, len(history) // 10):]
+    second: dict[str, float] = {}
+    if cfg.sft.second_demonstrator != "none" and cfg.sft.second_steps:
+        demos2, stats2 = collect_demonstrations(cfg, pad_id, second=True)
+        bar = progress.add_task(f"SFT ({cfg.sft.second_demonstrator})", total=cfg.sft.second_steps, status="") \
+            if progress else None
+        history2 = sft_train(policy, demos2, steps=cfg.sft.second_steps, lr=cfg.sft.second_lr,
+                             batch_traces=cfg.sft.batch_traces, weight_decay=cfg.sft.weight_decay, generator=gen,
+                             on_step=advance(bar))
+        second = {
+            "sft/second_demo_success_rate": stats2.get("success_rate", 0.0),
+            "sft/second_demo_traces": float(demos2.batch_size[0]),
+            "sft/second_final_nll": _tail_loss(history2),
+        }
     return {
+        **second,
         "sft/demo_success_rate": demo_stats.get("success_rate", 0.0),
         "sft/demo_traces": float(demos.batch_size[0]),
         "sft/demo_summary_tokens_per_episode": demo_stats.get("summary_tokens_per_episode", 0.0),
-        "sft/final_nll": sum(r["loss"] for r in tail) / len(tail),
+        "sft/final_nll": _tail_loss(history),
         **({"sft/copy_final_nll": copy_history[-1]["loss"]} if copy_history else {}),
         "time/copy_warmup_s": t_copy,
         "time/sft_demos_s": t_demos,

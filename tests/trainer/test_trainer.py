@@ -46,6 +46,8 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert wanted <= logged & {k for k, _ in CURVES}
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "run" / "sft_model" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "final_model" / "model.safetensors").exists()
+    assert "sft/second_final_nll" in rows[0]  # the smoke preset runs both SFT phases
     state = run.load_checkpoint()
     assert state["iteration"] == 2 and state["rows"] == 3
     assert (state["critic"] is not None) == (algo == "ppo")
