@@ -35,11 +35,13 @@ TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"
 
 # -- configuration ---------------------------------------------------------------------------------
 SEED = 0
-ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=896, reserve=64,
+ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=860, reserve=64,
                   tool_output_cap=192, max_compactions=4, max_turns=12)
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
 DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 300, 3e-3)
+SFT_BUDGET = 896                # phase 1 demonstrations: roomier, most fixes are written before a summary
+SECOND_STEPS, SECOND_LR = (2, 1e-3) if TINY else (100, 1e-3)  # phase 2: reproduce-first demonstrations
 SUMMARY_QUALITY = 0.5           # oracle summaries keep each fact with this probability
 ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
@@ -58,8 +60,9 @@ tokenizer = load_tokenizer()
 pad_id = tokenizer.pad_token_id or 0
 
 
-def make_env(split: str):
-    return lambda: gym.make("CompactCode-v0", split=split, **ENV_KWARGS)
+def make_env(split: str, budget: int | None = None):
+    kwargs = {**ENV_KWARGS, "budget": budget or ENV_KWARGS["budget"]}
+    return lambda: gym.make("CompactCode-v0", split=split, **kwargs)
 
 
 policy = TransformersPolicy(tiny_moe("glm4_moe", seed=SEED, **MODEL), tokenizer, temperature=1.0,
@@ -76,12 +79,20 @@ def evaluate() -> float:
 
 
 # 1. SFT warm start on oracle demonstrations (imperfect summaries), through the same wrapper
-demo_collector = TraceCollector([make_env("train")] * NUM_ENVS, ReadingOrderOracle(SUMMARY_QUALITY, seed=SEED),
-                                episodes_per_batch=DEMO_EPISODES, seed=SEED, pad_id=pad_id)
-demos = demo_collector.next()
-demo_collector.shutdown()
+def demonstrations(demonstrator, budget: int | None, seed: int):
+    col = TraceCollector([make_env("train", budget)] * NUM_ENVS, demonstrator, episodes_per_batch=DEMO_EPISODES,
+                         seed=seed, pad_id=pad_id)
+    batch = col.next()
+    col.shutdown()
+    return batch[~batch["truncated"]] if not bool(batch["truncated"].all()) else batch
+
+
+demos = demonstrations(ReadingOrderOracle(SUMMARY_QUALITY, seed=SEED), None if TINY else SFT_BUDGET, SEED)
 copy_warmup(policy, demos, steps=COPY_STEPS, lr=SFT_LR)     # in-context copying, as a base model has it
 sft_train(policy, demos, steps=SFT_STEPS, lr=SFT_LR, batch_traces=16 if not TINY else 2)
+# phase 2, at the training budget: test first, then fix from the summary (which drops the fact half the time)
+demos = demonstrations(ReadingOrderOracle(SUMMARY_QUALITY, seed=SEED + 1000, reproduce_first=True), None, SEED + 1000)
+sft_train(policy, demos, steps=SECOND_STEPS, lr=SECOND_LR, batch_traces=16 if not TINY else 2)
 log.info("held-out success after SFT: %.3f", evaluate())
 
 # 2. PPO: a critic initialised from the policy, one loss module with both halves

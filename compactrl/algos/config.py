@@ -161,7 +161,7 @@ class RLConfig:
 
     algo: Literal["ppo", "grpo"] = "ppo"
     """``ppo`` (critic, token-level GAE) or ``grpo`` (group-relative outcome advantage)."""
-    iterations: int = 12
+    iterations: int = 6
     """Collect-then-update iterations."""
     episodes_per_iter: int = 32
     """Episodes collected per iteration."""

@@ -304,7 +304,8 @@ class CriticPPOLoss(_PolicyLoss):
         with torch.no_grad():
             t_sel, resid = target[mask], (target - values)[mask]
             var_t = t_sel.var() if t_sel.numel() > 1 else torch.zeros(())
-            out["explained_variance"] = (1 - resid.var() / var_t) if var_t > 0 else torch.zeros(())
+            # a micro-batch whose targets are (numerically) constant has no variance to explain
+            out["explained_variance"] = (1 - resid.var() / var_t) if var_t > 1e-6 else torch.zeros(())
             out["value_mean"] = _mean(values, mask)
         return TensorDict(out, batch_size=[])
 
