@@ -24,8 +24,9 @@ seeds with a 95% t-interval, and pooled over all episodes with a Wilson interval
 per episode, the share of generated tokens spent on summaries, generation time spent on
 summaries per episode, and wall-clock per episode.
 
-Run (one command; ``--quick`` takes about 30 min on a 2-core CPU from an existing SFT model, the full
-run several hours)::
+Run (one command; ``--quick`` -- 7 iterations x 16 episodes per arm, the critic alone for the first
+iteration, 64 evaluation tasks -- takes about 40 min on a 2-core CPU from an existing SFT model, the
+full run several hours)::
 
     python benchmarks/compaction_ablation.py --out runs/ablation
     python benchmarks/compaction_ablation.py --quick --out runs/ablation-quick

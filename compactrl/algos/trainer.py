@@ -483,8 +483,11 @@ def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: floa
              f"budget {cfg.env.context_budget} tokens)",
              f"- model: tiny `{cfg.model.arch}` (hidden {cfg.model.hidden_size}, {cfg.model.num_layers} layers, "
              f"{cfg.model.num_experts} experts)",
-             f"- SFT: {cfg.sft.steps if cfg.sft.enabled else 0} steps on {cfg.sft.demo_episodes} oracle episodes "
-             f"(summary quality {cfg.sft.summary_quality})",
+             f"- SFT: {cfg.sft.steps if cfg.sft.enabled else 0} steps on {cfg.sft.demo_episodes} "
+             f"`{cfg.sft.demonstrator}` episodes (budget {cfg.sft.budget or cfg.env.context_budget})"
+             + (f", then {cfg.sft.second_steps} steps on `{cfg.sft.second_demonstrator}` episodes"
+                if cfg.sft.enabled and cfg.sft.second_demonstrator != "none" and cfg.sft.second_steps else "")
+             + f" (summary quality {cfg.sft.summary_quality})",
              f"- RL: {cfg.rl.iterations} iterations x {cfg.rl.episodes_per_iter} episodes, boundary "
              f"`{cfg.rl.boundary}`", f"- wall-clock: {elapsed / 60:.1f} min", "",
              "## Held-out success", "", "| iteration | success | 95% CI | traces/episode | summary tokens/episode |",
