@@ -25,7 +25,7 @@ per episode, the share of generated tokens spent on summaries, generation time s
 summaries per episode, and wall-clock per episode.
 
 Run (one command; ``--quick`` -- 7 iterations x 16 episodes per arm, the critic alone for the first
-iteration, 64 evaluation tasks -- takes about 40 min on a 2-core CPU from an existing SFT model, the
+iteration, 64 evaluation tasks -- took 48 min on a 2-core CPU from an existing SFT model, the
 full run several hours)::
 
     python benchmarks/compaction_ablation.py --out runs/ablation
