@@ -98,6 +98,10 @@ class ModelConfig:
         _check(self.temperature > 0, "model.temperature", "> 0", self.temperature)
 
 
+DEMONSTRATORS = ("reading_order", "reproduce_first", "oracle")
+"""The scripted demonstrators SFT can imitate (``SFTConfig.demonstrator``)."""
+
+
 @dataclass(frozen=True)
 class SFTConfig:
     """Supervised warm start on scripted (oracle) demonstrations with imperfect summaries."""
@@ -110,8 +114,9 @@ class SFTConfig:
     """Oracle summary quality in [0, 1]: the probability that each fact survives into a summary."""
     demonstrator: Literal["reading_order", "reproduce_first", "oracle"] = "reading_order"
     """``reading_order``: reads candidate files in an order a learner can imitate;
-    ``reproduce_first``: the same, but runs the tests before fixing and views the bug file again
-    after a summary (``ReadingOrderOracle(reproduce_first=True)``); ``oracle``: reads the file
+    ``reproduce_first``: the same, but runs the tests before fixing and, after a summary that
+    lost the stale line, views the bug file again (``ReadingOrderOracle(reproduce_first=True)``);
+    ``oracle``: reads the file
     holding each fact directly (it knows where, from the task metadata)."""
     keep_truncated: bool = False
     """Train on demonstrations that hit a limit too (they are mostly loops after a lost fact)."""
@@ -140,17 +145,15 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check(0.0 <= self.summary_quality <= 1.0, "sft.summary_quality", "a value in [0, 1]", self.summary_quality)
-        _check(self.demonstrator in ("reading_order", "reproduce_first", "oracle"), "sft.demonstrator",
-               "reading_order|reproduce_first|oracle",
-               self.demonstrator)
+        _check(self.demonstrator in DEMONSTRATORS, "sft.demonstrator", "|".join(DEMONSTRATORS), self.demonstrator)
         for name in ("demo_episodes", "batch_traces"):
             _check(getattr(self, name) >= 1, f"sft.{name}", ">= 1", getattr(self, name))
         _check(self.steps >= 0, "sft.steps", ">= 0", self.steps)
         _check(self.copy_steps >= 0, "sft.copy_steps", ">= 0", self.copy_steps)
         _check(self.lr > 0, "sft.lr", "> 0", self.lr)
         _check(self.budget >= 0, "sft.budget", ">= 0", self.budget)
-        _check(self.second_demonstrator in ("none", "reading_order", "reproduce_first", "oracle"),
-               "sft.second_demonstrator", "none|reading_order|reproduce_first|oracle", self.second_demonstrator)
+        _check(self.second_demonstrator in ("none", *DEMONSTRATORS), "sft.second_demonstrator",
+               "|".join(("none", *DEMONSTRATORS)), self.second_demonstrator)
         _check(self.second_steps >= 0, "sft.second_steps", ">= 0", self.second_steps)
         _check(self.second_lr > 0, "sft.second_lr", "> 0", self.second_lr)
 

@@ -210,8 +210,8 @@ class ReadingOrderOracle:
     the episode fail, as it would for an agent that trusted a bad summary.
 
     With ``reproduce_first`` it runs the tests once before fixing (``Next: run the tests, then
-    fix KEY = V in FILE.``), views the bug file again when its stale line is not in the current
-    context (after a summary), and a summary that drops a fact drops it everywhere: its ``next``
+    fix KEY = V in FILE.``), views the bug file again when its stale line is neither in the current
+    context nor stated by the latest summary, and a summary that drops a fact drops it everywhere: its ``next``
     line then names the constant without a value. So when the compaction falls between reading
     the facts and writing the fix, the fix is only as good as the summary.
     """
