@@ -131,6 +131,9 @@ class SFTConfig:
     """Traces per optimiser step."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    micro_batch_tokens: int = 8192
+    """Positions per forward pass: a step's traces run in length-packed micro-batches under this
+    budget (same loss, less padding; memory, not the result, is what it trades)."""
     budget: int = 896
     """Context budget of the demonstrations (0 = ``env.context_budget``). The default, roomier than
     the training budget, lets most demonstrations write their fix before the first summary, so the
@@ -146,7 +149,7 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _check(0.0 <= self.summary_quality <= 1.0, "sft.summary_quality", "a value in [0, 1]", self.summary_quality)
         _check(self.demonstrator in DEMONSTRATORS, "sft.demonstrator", "|".join(DEMONSTRATORS), self.demonstrator)
-        for name in ("demo_episodes", "batch_traces"):
+        for name in ("demo_episodes", "batch_traces", "micro_batch_tokens"):
             _check(getattr(self, name) >= 1, f"sft.{name}", ">= 1", getattr(self, name))
         _check(self.steps >= 0, "sft.steps", ">= 0", self.steps)
         _check(self.copy_steps >= 0, "sft.copy_steps", ">= 0", self.copy_steps)

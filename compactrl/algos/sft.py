@@ -17,6 +17,8 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
+from compactrl.algos.packing import micro_batches
+
 log = logging.getLogger(__name__)
 
 
@@ -120,15 +122,20 @@ def sft_train(
     batch_traces: int,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
+    micro_batch_tokens: int = 8192,
     generator: torch.Generator | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train ``policy`` (anything with ``log_prob(tokens, attention_mask)`` and parameters) on ``demos``.
 
     Each step draws ``batch_traces`` traces uniformly without replacement (reshuffled every
-    epoch). The loss is the mean NLL over the step's policy tokens. Returns one metrics dict per
-    step (``loss``, ``grad_norm``, ``lr``).
+    epoch). The loss is the mean NLL over the step's policy tokens. The step's traces run through
+    the model in length-packed micro-batches of at most ``micro_batch_tokens`` positions
+    (:func:`~compactrl.algos.packing.micro_batches`), each trimmed to its own longest trace: the
+    loss is the same mean over the same tokens, with less padding to attend over. Returns one
+    metrics dict per step (``loss``, ``grad_norm``, ``lr``).
     """
+
     if steps == 0:
         return []
     n = demos.batch_size[0]
@@ -140,10 +147,12 @@ def sft_train(
             order, cursor = torch.randperm(n, generator=generator), 0
         idx = order[cursor:cursor + batch_traces]
         cursor += batch_traces
-        mb = trim_padding(demos[idx])
-        select = mb["policy_mask"] & mb["attention_mask"]
-        select[:, 0] = False  # nothing predicts the first token
-        return -selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select).mean()
+        log_probs = []
+        for mb in micro_batches(demos[idx], micro_batch_tokens):
+            select = mb["policy_mask"] & mb["attention_mask"]
+            select[:, 0] = False  # nothing predicts the first token
+            log_probs.append(selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select))
+        return -torch.cat(log_probs).mean()
 
     return _fit(policy, batch_loss, steps=steps, lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                 on_step=on_step)

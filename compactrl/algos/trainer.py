@@ -438,14 +438,15 @@ def _sft_phase(cfg: TrainConfig, policy, pad_id: int, progress: Any) -> dict[str
                                on_step=advance(copy_bar))
     t_copy = time.perf_counter() - t_copy
     history = sft_train(policy, demos, steps=cfg.sft.steps, lr=cfg.sft.lr, batch_traces=cfg.sft.batch_traces,
-                        weight_decay=cfg.sft.weight_decay, generator=gen, on_step=advance(sft_bar))
+                        weight_decay=cfg.sft.weight_decay, micro_batch_tokens=cfg.sft.micro_batch_tokens, generator=gen, on_step=advance(sft_bar))
     second: dict[str, float] = {}
     if cfg.sft.second_demonstrator != "none" and cfg.sft.second_steps:
         demos2, stats2 = collect_demonstrations(cfg, pad_id, second=True)
         bar = progress.add_task(f"SFT ({cfg.sft.second_demonstrator})", total=cfg.sft.second_steps, status="") \
             if progress else None
         history2 = sft_train(policy, demos2, steps=cfg.sft.second_steps, lr=cfg.sft.second_lr,
-                             batch_traces=cfg.sft.batch_traces, weight_decay=cfg.sft.weight_decay, generator=gen,
+                             batch_traces=cfg.sft.batch_traces, weight_decay=cfg.sft.weight_decay,
+                             micro_batch_tokens=cfg.sft.micro_batch_tokens, generator=gen,
                              on_step=advance(bar))
         second = {
             "sft/second_demo_success_rate": stats2.get("success_rate", 0.0),

@@ -202,6 +202,34 @@ def test_update_step_gradient_does_not_depend_on_the_micro_batch_budget(algo):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.timeout(120)
+def test_sft_step_does_not_depend_on_the_micro_batch_budget():
+    """Packing a step's traces into micro-batches changes the padding, not the loss or the update."""
+    from tensordict import TensorDict
+
+    from compactrl.algos.sft import sft_train
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([9, 30, 14, 22, 27, 11])
+    mask = torch.arange(30)[None, :] < lengths[:, None]
+    tokens = torch.randint(3, 4000, (6, 30), generator=g) * mask
+    demos = TensorDict({"tokens": tokens, "attention_mask": mask,
+                        "policy_mask": (torch.rand(6, 30, generator=g) < 0.4) & mask}, batch_size=[6])
+    runs = []
+    for budget in (10_000, 40):  # one forward pass, or one per 1-2 traces
+        policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=32, num_layers=1, num_experts=2,
+                                             experts_per_token=1, seed=4), load_tokenizer())
+        history = sft_train(policy, demos, steps=3, lr=1e-2, batch_traces=4, micro_batch_tokens=budget,
+                            generator=torch.Generator().manual_seed(0))
+        runs.append((torch.tensor([r["loss"] for r in history]),
+                     torch.cat([p.detach().flatten() for p in policy.parameters()])))
+    torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-4, atol=1e-5)
+
+
 def test_summary_router_sends_only_summary_requests_to_the_summarizer():
     from compactrl.types import PolicyRequest
 
