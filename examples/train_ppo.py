@@ -1,9 +1,10 @@
-"""Critic PPO with token-level GAE across compaction boundaries on CompactCode-v0.
+"""Critic PPO with token-level GAE over compacted rollouts on CompactCode-v0.
 
 A self-contained script in the style of TorchRL's examples: the configuration is at the top, the
 loop reads top to bottom (collect -> values -> GAE -> PPO epochs -> evaluate). It warm-starts a
 tiny GLM-4-MoE-architecture model on oracle demonstrations whose summaries drop facts, then
-trains it with PPO. ``compactrl train`` runs the same algorithm with checkpoints, resume and
+trains it with PPO (``BOUNDARY``: GAE restarts at every trace, or runs across the compaction
+boundaries). ``compactrl train`` runs the same algorithm with checkpoints, resume and
 plots; this file shows the moving parts.
 
 Run::
@@ -47,7 +48,9 @@ ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
 EPOCHS, MICRO_BATCH_TOKENS = 2, 8192
 LR, CRITIC_LR = 1e-4, 1e-3
-GAMMA, LMBDA, BOUNDARY = 1.0, 0.95, "bootstrap"   # "cut" restarts GAE at every trace
+GAMMA, LMBDA = 1.0, 0.95
+BOUNDARY = "cut"  # each trace ends with the rollout's reward; "bootstrap" runs GAE across traces
+                  # through the critic, which pays off once the critic is trained (docs/training.md)
 EVAL_EPISODES = 2 if TINY else 32
 # ---------------------------------------------------------------------------------------------------
 
@@ -108,7 +111,7 @@ for i, batch in enumerate(collector):
     with torch.no_grad():                                   # the critic's value at every token, packed
         for rows in pack_rows(row_lengths(batch["attention_mask"]), MICRO_BATCH_TOKENS):
             batch["value"][rows] = critic.value(batch["tokens"][rows], batch["attention_mask"][rows])
-    trace_gae(batch, gamma=GAMMA, lmbda=LMBDA, boundary=BOUNDARY,   # GAE across trace boundaries;
+    trace_gae(batch, gamma=GAMMA, lmbda=LMBDA, boundary=BOUNDARY,   # token-level GAE over each trace;
               truncation="terminal")                           # a run cut at the turn limit ends at its reward
     whiten_advantages(batch)
     add_loss_normalizers(batch)                              # per-token normalisation over the batch

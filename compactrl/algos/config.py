@@ -318,7 +318,15 @@ def _from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 def _preset_main() -> TrainConfig:
-    return TrainConfig()
+    """The README's default run: the field defaults, with ``rl.boundary="cut"``.
+
+    In the job's 6 iterations the critic never explains the returns (explained variance < 0), and
+    ``bootstrap`` credits the summary tokens through it; ``cut`` ends every trace with the
+    rollout's reward. Measured from the same SFT model, 3 seeds each, held-out success after 6
+    iterations: ``cut`` 0.47-0.56, ``bootstrap`` 0.17-0.28 (docs/training.md, the ablation).
+    """
+    cfg = TrainConfig()
+    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, boundary="cut"))
 
 
 def _preset_smoke() -> TrainConfig:

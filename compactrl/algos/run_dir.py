@@ -2,7 +2,7 @@
 
 Layout of a run directory::
 
-    config.json          resolved TrainConfig (written once; a resume reads it back)
+    config.json          resolved TrainConfig (a resume reads it back; extending a run rewrites rl.iterations)
     metrics.jsonl        one JSON row per iteration (row 0: evaluation after SFT, before RL)
     tb/                  TensorBoard event files (torch.utils.tensorboard)
     checkpoint.pt        last checkpoint: policy, critic, optimisers, RNG states, iteration, collector
@@ -92,6 +92,10 @@ class RunDir:
         if self.config_path.exists():
             raise ValueError(f"out: {self.path} already holds a run; pass --resume to continue it or another --out")
         self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, config_json)
+
+    def write_config(self, config_json: str) -> None:
+        """Replace the stored configuration (a resumed run that is extended)."""
         atomic_write_text(self.config_path, config_json)
 
     def read_config(self) -> dict[str, Any]:

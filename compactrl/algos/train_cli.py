@@ -3,7 +3,8 @@
 Every field of :class:`~compactrl.algos.config.TrainConfig` is an option ``--<section>.<field>``
 whose help is the field's docstring; options given on the command line override the preset.
 ``--resume`` continues the run in ``--out`` (or the newest run under ``runs/``) from its last
-checkpoint, with the configuration stored in that run.
+checkpoint, with the configuration stored in that run; ``--resume --rl.iterations N`` also
+extends it to ``N`` iterations (a finished run continues from its last checkpoint).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None,
                         help="run directory (default: runs/<preset>-<algo>-<time>; with --resume: the newest run)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out from its last checkpoint (its stored config is used)")
+                        help="continue the run in --out from its last checkpoint (its stored config is used; "
+                             "--rl.iterations N extends it)")
     parser.add_argument("--config", default=None, help="a config.json to start from instead of a preset")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     defaults = preset("main")
@@ -92,15 +94,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         out = _resolve_out(args, cfg)
-        if args.resume and any(k.startswith("cfg:") for k in vars(args)):
-            raise ValueError("--resume uses the run's stored config; drop the --<section>.<field> options")
+        given = [k.split(":", 1)[1] for k in vars(args) if k.startswith("cfg:")]
+        if args.resume and set(given) - {"rl.iterations"}:
+            raise ValueError("--resume uses the run's stored config (only --rl.iterations may change, to extend "
+                             f"the run); drop {sorted(set(given) - {'rl.iterations'})}")
     except ValueError as exc:
         log.error("%s", exc)
         print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
         return 2
     progress = None if args.no_progress else _rich_progress()
     try:
-        result = train(cfg, out, resume=args.resume, progress=progress)
+        extend = cfg.rl.iterations if args.resume and "cfg:rl.iterations" in vars(args) else None
+        result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
+    except ValueError as exc:  # the run directory does not fit the request (exists, or already longer)
+        log.debug("train failed", exc_info=True)
+        print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
+        return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with: compactrl train --resume --out {out}")  # noqa: T201
         return 130

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from compactrl.algos.config import EnvConfig, TrainConfig
+from compactrl.algos.config import EnvConfig, TrainConfig, override
 from compactrl.algos.evaluate import evaluate_policy
 from compactrl.algos.losses import add_loss_normalizers
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
@@ -296,11 +296,18 @@ class TrainResult:
                 f"after SFT {pct(self.sft_success)} -> after RL {pct(self.final_success)}")
 
 
-def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: Any = None) -> TrainResult:
-    """Run (or resume) a training run into ``out``; see the module docstring for the loop."""
+def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: Any = None,
+          iterations: int | None = None) -> TrainResult:
+    """Run (or resume) a training run into ``out``; see the module docstring for the loop.
+
+    A resumed run uses the configuration stored in ``out``; ``iterations`` (resume only) changes
+    its ``rl.iterations``, so a finished run can be extended (its last checkpoint is the start).
+    """
     from compactrl.policies.critic import ValueModel
     from compactrl.tokenizer import load_tokenizer
 
+    if iterations is not None and not resume:
+        raise ValueError("iterations: only a resumed run takes it (set rl.iterations in the config)")
     t_start = time.perf_counter()
     run = RunDir(out)
     run.create(cfg.to_json(), resume=resume)
@@ -346,6 +353,12 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
         start = state["iteration"] + 1
         elapsed_before = state["elapsed_s"]
         run.truncate_rows(state["rows"])
+    if resume and iterations is not None and iterations != cfg.rl.iterations:
+        done = start - 1 if state is not None else 0
+        if iterations < done:
+            raise ValueError(f"rl.iterations: the run has already done {done} iterations, got {iterations}")
+        cfg = override(cfg, {"rl.iterations": iterations})
+        run.write_config(cfg.to_json())
 
     rollout_policy = policy
     if cfg.rl.frozen_summarizer:

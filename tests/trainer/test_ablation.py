@@ -24,6 +24,8 @@ def test_ablation_smoke_run_writes_results(tmp_path):
         assert agg["seeds"] == 2 and len(agg["success_per_seed"]) == 2
         lo, hi = agg["success_ci95"]
         assert lo <= agg["success_mean"] <= hi
+        curve = agg["success_by_iteration"]  # the smoke preset evaluates every iteration (JSON: str keys)
+        assert list(curve) == ["1", "2"] and curve["2"] == pytest.approx(agg["success_mean"])
         cfg = json.loads((tmp_path / arm / "seed0" / "config.json").read_text())
         assert cfg["model"]["pretrained"].endswith("sft_model") and cfg["sft"]["enabled"] is False
     no_budget = json.loads((tmp_path / "ppo_no_budget" / "seed1" / "config.json").read_text())
@@ -31,7 +33,7 @@ def test_ablation_smoke_run_writes_results(tmp_path):
     frozen = json.loads((tmp_path / "ppo_frozen_summarizer" / "seed0" / "config.json").read_text())
     assert frozen["rl"]["frozen_summarizer"] and not frozen["rl"]["train_summaries"]
     table = (tmp_path / "results.md").read_text()
-    assert all(a in table for a in arms.split(",")) and "Wilson" in table
+    assert all(a in table for a in arms.split(",")) and "Wilson" in table and "it. 1: " in table
 
 
 @given(k=st.integers(0, 200), extra=st.integers(0, 200))

@@ -97,6 +97,31 @@ def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
     assert not list(out.glob(".*.tmp"))
 
 
+@pytest.mark.timeout(300)
+def test_a_finished_run_is_extended_by_resuming_with_more_iterations(tmp_path, capsys):
+    from compactrl.algos import train_cli
+
+    out = tmp_path / "run"
+    train(_smoke(), out)  # the smoke preset: 2 iterations
+    finished = RunDir(out).rows()
+    with pytest.raises(ValueError, match="already done 2 iterations"):
+        train(_smoke(), out, resume=True, iterations=1)
+    with pytest.raises(ValueError, match="only a resumed run"):
+        train(_smoke(), tmp_path / "new", iterations=3)
+    assert not (tmp_path / "new").exists()
+    parser = __import__("argparse").ArgumentParser()
+    train_cli.add_arguments(parser)
+    args = parser.parse_args(["--resume", "--out", str(out), "--no-progress", "--rl.lr", "0.1"])
+    assert train_cli.run(args) == 2 and "rl.lr" in capsys.readouterr().out  # only iterations may change
+    args = parser.parse_args(["--resume", "--out", str(out), "--no-progress", "--rl.iterations", "3"])
+    assert train_cli.run(args) == 0
+    rows = RunDir(out).rows()
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert rows[:3] == finished  # the finished iterations are kept, not redone
+    assert json.loads((out / "config.json").read_text())["rl"]["iterations"] == 3
+    assert RunDir(out).load_checkpoint()["iteration"] == 3
+
+
 @pytest.mark.timeout(60)
 def test_resume_truncates_rows_written_after_the_last_checkpoint(tmp_path):
     run = RunDir(tmp_path)
