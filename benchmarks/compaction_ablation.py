@@ -25,15 +25,19 @@ per episode, the share of generated tokens spent on summaries, generation time s
 summaries per episode, and wall-clock per episode.
 
 Run (one command; ``--quick`` -- 7 iterations x 16 episodes per arm, the critic alone for the first
-iteration, 64 evaluation tasks -- took 48 min on a 2-core CPU from an existing SFT model, the
-full run several hours)::
+iteration, 64 evaluation tasks -- took 48 min for five arms on a 2-core CPU from an existing SFT
+model; the full budget -- the ``ablation`` preset, 12 iterations x 32 episodes, evaluations at 6
+and 12 -- took 48 min for two arms, so ~2.5 h for all six)::
 
     python benchmarks/compaction_ablation.py --out runs/ablation
     python benchmarks/compaction_ablation.py --quick --out runs/ablation-quick
     python benchmarks/compaction_ablation.py --sft-model runs/main/sft_model   # reuse an SFT checkpoint
+    python benchmarks/compaction_ablation.py --arms ppo_bootstrap,ppo_cut --sft-model runs/main/sft_model
 
 Writes ``results.json`` (every run's final evaluation and learning curve) and ``results.md`` (the
-table) into ``--out``; each arm's run directory (metrics, plots, report) is kept under it.
+table) into ``--out``; each arm's run directory (metrics, plots, report) is kept under it. Runs that
+finished are not redone: the same command again resumes an interrupted experiment, or re-renders
+the table. The controls (frozen summariser, masked summaries, no budget) use ``bootstrap`` GAE.
 """
 
 from __future__ import annotations
