@@ -24,11 +24,13 @@ seeds with a 95% t-interval, and pooled over all episodes with a Wilson interval
 per episode, the share of generated tokens spent on summaries, generation time spent on
 summaries per episode, and wall-clock per episode.
 
-Run (one command; ``--quick`` -- 7 iterations x 16 episodes per arm, the critic alone for the first
-iteration, 64 evaluation tasks -- took 48 min for five arms on a 2-core CPU from an existing SFT
-model; the full budget -- the ``ablation`` preset, 12 iterations x 32 episodes, evaluations at 6
-and 12 -- took 48 min for two arms, so ~2.5 h for all six)::
+Run (one command, from an existing SFT model on a 2-core CPU: ``--preset main`` -- the main job's
+RL budget, 6 iterations x 32 episodes, the critic alone for the first 2 -- took 45 min for all six
+arms; ``--quick`` -- 7 iterations x 16 episodes, the critic alone for the first -- 48 min for five
+arms on a slower machine; the default ``ablation`` preset -- 12 iterations x 32 episodes,
+evaluations at 6 and 12 -- 48 min for two arms, so ~2.5 h for all six)::
 
+    python benchmarks/compaction_ablation.py --preset main --sft-model runs/main/sft_model --out runs/ablation-main
     python benchmarks/compaction_ablation.py --out runs/ablation
     python benchmarks/compaction_ablation.py --quick --out runs/ablation-quick
     python benchmarks/compaction_ablation.py --sft-model runs/main/sft_model   # reuse an SFT checkpoint
