@@ -4,7 +4,7 @@
     python benchmarks/shell_agreement.py --cases 500 --seed 3 --show 5
 
 Each case is a random file tree and a random command line from the documented subset
-(``compactrl.envs.shell_sim.agreement``); it runs in the emulator and in ``bash -c`` in a temp dir
+(``compactrl.testing.shell_agreement``); it runs in the emulator and in ``bash -c`` in a temp dir
 (``LC_ALL=C.UTF-8``). A case agrees when stdout, stderr, exit code, final files and directories
 all match. Reference: target 100% on the documented subset (docs/terminal.md lists every known
 disagreement class, none of which the generator produces). Speed: emulator command lines per
@@ -18,7 +18,7 @@ import collections
 import random
 import time
 
-from compactrl.envs.shell_sim.agreement import check_case, random_case, run_real, run_sim
+from compactrl.testing.shell_agreement import check_case, random_case, run_real, run_sim
 
 TARGET = 1.0
 

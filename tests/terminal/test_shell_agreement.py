@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.shell_sim.agreement import Case, check_case, random_case
+from compactrl.testing.shell_agreement import Case, check_case, random_case
 
 AGREEMENT_THRESHOLD = 1.0
 """Fraction of random cases that must agree (docs/terminal.md: the documented subset's target)."""

@@ -1,7 +1,8 @@
 """Random command lines over random file trees, run in the emulator and in real bash, compared.
 
-Used by ``tests/terminal/test_shell_agreement.py`` (property-based, via hypothesis' ``randoms``)
-and ``benchmarks/shell_agreement.py`` (the measured agreement rate). Real bash runs in a fresh
+A test harness, not part of the emulator: used by ``tests/terminal/test_shell_agreement.py``
+(property-based, via hypothesis' ``randoms``) and ``benchmarks/shell_agreement.py`` (the measured
+agreement rate). Real bash runs in a fresh
 temporary directory with ``LC_ALL=C.UTF-8``, ``HOME`` set to that directory, stdin from
 ``/dev/null`` and a timeout; the emulator gets the same files and the same root path.
 
