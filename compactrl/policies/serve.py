@@ -11,27 +11,36 @@ It implements the subset of vLLM's OpenAI-compatible API that token-level RL cli
 
 Concurrent requests are batched: a single engine thread gathers requests for up to
 ``--batch-wait-ms`` and generates every group with equal sampling settings in one KV-cached batch.
-Errors come back as vLLM does: ``{"object": "error", "message", "type", "param", "code"}``.
+The HTTP layer is FastAPI on uvicorn (as vLLM's own server) with a pydantic request model; errors
+come back as OpenAI's ``{"error": {"message", "type", "param", "code"}}``, a body over
+``--max-body-bytes`` gets a 413 and requests beyond ``--max-concurrent-requests`` a 429.
+``compactrl gateway`` (:mod:`compactrl.gateway`) adds chat completions and recording on the same pieces.
 Streaming, ``n > 1``, ``echo``, string ``stop`` and penalties are refused with a 400 naming the field.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import queue
-import signal
+import socket
 import threading
 import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import torch
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from compactrl.policies.transformers_policy import (
     Generated,
@@ -79,6 +88,10 @@ class ServeConfig:
     "raw_logprobs": of the untouched model (vLLM's default)."""
     request_timeout_s: float = 600.0
     """A request still ungenerated after this long gets a 503."""
+    max_body_bytes: int = 8 << 20
+    """Largest request body accepted; a larger one gets a 413 before it is parsed."""
+    max_concurrent_requests: int = 512
+    """Most requests in flight at once; beyond, a 429 (a client retries, the server stays responsive)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -93,6 +106,9 @@ class ServeConfig:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {self.logprobs_mode!r}")
         if self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_body_bytes < 1 or self.max_concurrent_requests < 1:
+            raise ValueError(f"max_body_bytes and max_concurrent_requests must be >= 1, got "
+                             f"{self.max_body_bytes} and {self.max_concurrent_requests}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,9 +274,14 @@ def completion_response(model_name: str, jobs: list[Job], gens: list[Generated],
     }
 
 
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError",
+               429: "RateLimitError", 503: "ServiceUnavailableError"}
+
+
 def error_body(message: str, status: int, param: str | None = None) -> dict:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "ServerError")
-    return {"object": "error", "message": message, "type": kind, "param": param, "code": status}
+    """OpenAI's (and current vLLM's) error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "ServerError"), "param": param,
+                      "code": status}}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -338,113 +359,267 @@ class CompletionEngine:
 
 
 # --------------------------------------------------------------------------------------------------
-# HTTP
+# HTTP: FastAPI on uvicorn (the gateway builds on the same pieces)
 
 
-class CompletionServer(ThreadingHTTPServer):
-    daemon_threads = True
+class CompletionBody(BaseModel):
+    """A ``/v1/completions`` body. Pydantic checks the types; :func:`parse_completion_request` the
+    ranges and combinations (unknown vLLM extras pass through to it)."""
 
-    def __init__(self, address, policy: TransformersPolicy, config: ServeConfig) -> None:
-        super().__init__(address, _Handler)
-        self.policy = policy
-        self.config = config
-        self.engine = CompletionEngine(policy, max_batch_size=config.max_batch_size,
-                                       batch_wait_ms=config.batch_wait_ms)
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | list[int] | list[str | list[int]]
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    logprobs: int | None = None
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
 
-    def server_close(self) -> None:
-        self.engine.close()
-        super().server_close()
 
-    def complete(self, body: Any) -> dict:
-        tok = self.policy.tokenizer
-        jobs, options = parse_completion_request(
-            body, tokenizer=tok, model_name=self.config.model_name, context_length=self.policy.context_length,
-            default_stop_ids=tuple(self.policy.stop_token_ids), config=self.config,
-        )
-        futures = self.engine.submit(jobs)
-        deadline = time.monotonic() + self.config.request_timeout_s
+class Limits:
+    """ASGI middleware: refuses bodies over ``max_body_bytes`` (413) and requests beyond
+    ``max_concurrent`` in flight (429), before any handler runs, so overload cannot pile up work."""
+
+    def __init__(self, app, *, max_body_bytes: int, max_concurrent: int) -> None:
+        self.app, self.max_body_bytes, self.max_concurrent = app, max_body_bytes, max_concurrent
+        self.active = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body_bytes:
+            await _send_json(send, 413, error_body(
+                f"the request body must be at most {self.max_body_bytes} bytes, got {length.decode()!r}", 413))
+            return
+        if self.active >= self.max_concurrent:
+            await _send_json(send, 429, error_body(
+                f"too many requests in flight (limit {self.max_concurrent}); retry later", 429))
+            return
+        received = 0
+
+        async def counted():  # a chunked body carries no length: count what arrives
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:
+                raise HTTPException(413, f"the request body must be at most {self.max_body_bytes} bytes")
+            return message
+
+        self.active += 1
         try:
-            gens = [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures]
-        except TimeoutError as exc:
-            raise RequestError("generation timed out", status=503) from exc
-        return completion_response(self.config.model_name, jobs, gens, tok, options)
+            await self.app(scope, counted, send)
+        finally:
+            self.active -= 1
 
-    def models(self) -> dict:
+
+async def _send_json(send, status: int, payload: dict) -> None:
+    data = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """The first pydantic error as one sentence naming the field (a body that is not JSON included)."""
+    err = exc.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return f"the body is not valid JSON: {err.get('msg')}", None
+    if not loc:
+        return f"the request body must be a JSON object: {err.get('msg')}", None
+    field = loc[0]  # deeper parts name union members and list indices, not what the client wrote
+    if err.get("type") == "missing":
+        return f"'{field}' is required", field
+    return f"'{field}': {err.get('msg')} (got {str(err.get('input'))[:80]!r})", field
+
+
+def api_app(title: str, *, max_body_bytes: int, max_concurrent: int) -> FastAPI:
+    """A FastAPI app whose every error is an OpenAI-style JSON body (``{"error": {...}}``)."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_req: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), exc.status, exc.param), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, 400, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(_req: Request, exc: Exception) -> JSONResponse:  # answer, never drop the connection
+        logger.exception("request failed")
+        return JSONResponse(error_body(f"{type(exc).__name__}: {exc}", 500), status_code=500)
+
+    app.add_middleware(Limits, max_body_bytes=max_body_bytes, max_concurrent=max_concurrent)
+    return app
+
+
+async def await_all(futures: list[Future], timeout_s: float) -> list:
+    """Results of engine futures, awaited without blocking the event loop; 503 on timeout."""
+    try:
+        return list(await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, futures)), timeout_s))
+    except TimeoutError as exc:
+        raise RequestError("generation timed out", status=503) from exc
+
+
+def add_completion_routes(app: FastAPI, *, engine, tokenizer, context_length: int, stop_ids: tuple[int, ...],
+                          config: ServeConfig) -> None:
+    """``/health``, ``/v1/models`` and ``/v1/completions`` over an engine with ``submit(jobs) -> futures``."""
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
         return {"object": "list", "data": [{
-            "id": self.config.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "compactrl", "root": self.config.model_name,
-            "max_model_len": self.policy.context_length,
+            "id": config.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "compactrl", "root": config.model_name, "max_model_len": context_length,
         }]}
 
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody) -> dict:
+        jobs, options = parse_completion_request(
+            body.model_dump(exclude_unset=True), tokenizer=tokenizer, model_name=config.model_name,
+            context_length=context_length, default_stop_ids=stop_ids, config=config,
+        )
+        gens = await await_all(engine.submit(jobs), config.request_timeout_s)
+        return completion_response(config.model_name, jobs, gens, tokenizer, options)
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive for pooled clients
-    server: CompletionServer
 
-    def log_message(self, fmt: str, *args) -> None:
-        logger.debug("%s " + fmt, self.address_string(), *args)
+class ApiServer:
+    """An ASGI app served by uvicorn, bound at construction (port 0 picks a free one).
 
-    def _send(self, status: int, payload: dict | None) -> None:
-        data = b"" if payload is None else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    ``serve_forever()`` blocks (in the main thread it also handles SIGINT/SIGTERM); ``start()`` runs it
+    in a daemon thread and returns once it accepts connections; ``shutdown()`` stops it and waits.
+    """
 
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/health":
-            self._send(200, None)
-        elif path == "/v1/models":
-            self._send(200, self.server.models())
-        else:
-            self._send(404, error_body(f"no route {path}", 404))
+    def __init__(self, app, host: str, port: int, *, on_close=None) -> None:
+        self.app = app
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self._sock.listen(2048)
+        self.server_address = self._sock.getsockname()[:2]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                                     timeout_keep_alive=60, backlog=2048))
+        self._on_close = on_close
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if path != "/v1/completions":
-            self._send(404, error_body(f"no route {path} (only /v1/completions is served)", 404))
-            return
+    @property
+    def url(self) -> str:
+        host, port = self.server_address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+    def serve_forever(self) -> None:
         try:
-            body = json.loads(raw or b"null")
-            self._send(200, self.server.complete(body))
-        except json.JSONDecodeError as exc:
-            self._send(400, error_body(f"the body is not valid JSON: {exc}", 400))
-        except RequestError as exc:
-            self._send(exc.status, error_body(str(exc), exc.status, exc.param))
-        except Exception as exc:  # a server bug must still answer, not drop the connection
-            logger.exception("request failed")
-            self._send(500, error_body(f"{type(exc).__name__}: {exc}", 500))
+            self._server.run(sockets=[self._sock])
+        finally:
+            self._done.set()
+
+    def start(self) -> ApiServer:
+        self._thread = threading.Thread(target=self.serve_forever, name="compactrl-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started and not self._done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)  # uvicorn offers no started-event; poll its flag briefly
+        if not self._server.started:
+            raise RuntimeError(f"the server on {self.url} did not start")
+        return self
+
+    def shutdown(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None or self._server.started:
+            self._done.wait(timeout=30)
+
+    def server_close(self) -> None:
+        self._sock.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    def stop(self) -> None:
+        """``shutdown`` then ``server_close``."""
+        self.shutdown()
+        self.server_close()
+
+    def __enter__(self) -> ApiServer:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class CompletionServer(ApiServer):
+    """``compactrl serve``: a :class:`TransformersPolicy` behind ``/v1/completions`` with batching."""
+
+    def __init__(self, policy: TransformersPolicy, config: ServeConfig) -> None:
+        self.policy, self.config = policy, config
+        self.engine = CompletionEngine(policy, max_batch_size=config.max_batch_size,
+                                       batch_wait_ms=config.batch_wait_ms)
+        app = api_app("compactrl serve", max_body_bytes=config.max_body_bytes,
+                      max_concurrent=config.max_concurrent_requests)
+        add_completion_routes(app, engine=self.engine, tokenizer=policy.tokenizer,
+                              context_length=policy.context_length, stop_ids=tuple(policy.stop_token_ids),
+                              config=config)
+        super().__init__(app, config.host, config.port, on_close=self.engine.close)
 
 
 def make_server(policy: TransformersPolicy, config: ServeConfig) -> CompletionServer:
-    """A bound (not yet serving) server; call ``serve_forever`` and later ``shutdown``/``server_close``."""
-    return CompletionServer((config.host, config.port), policy, config)
+    """A bound (not yet serving) server: ``start()`` (or ``serve_forever``), later ``stop()``."""
+    return CompletionServer(policy, config)
 
 
 # --------------------------------------------------------------------------------------------------
 # CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", help="local Hugging Face model directory")
-    src.add_argument("--tiny", choices=("glm4_moe", "qwen3_moe", "mixtral"),
-                     help="serve a freshly built tiny random MoE model of this architecture")
+def add_model_arguments(parser: argparse.ArgumentParser, source) -> None:
+    """The model to load (``source``: a mutually exclusive group the caller may extend)."""
+    source.add_argument("--model", help="local Hugging Face model directory")
+    source.add_argument("--tiny", choices=("glm4_moe", "qwen3_moe", "mixtral"),
+                        help="serve a freshly built tiny random MoE model of this architecture")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the model's, else the packaged one)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed and tiny-model init seed")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The :class:`ServeConfig` options."""
     parser.add_argument("--served-model-name", help="name clients send as 'model' (default: from the source)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (0 = any free port; default: 8000)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed and tiny-model init seed")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument("--logprobs-mode", default="processed_logprobs", choices=LOGPROBS_MODES)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--max-body-bytes", type=int, default=ServeConfig.max_body_bytes)
+    parser.add_argument("--max-concurrent-requests", type=int, default=ServeConfig.max_concurrent_requests)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser, parser.add_mutually_exclusive_group(required=True))
+    add_server_arguments(parser)
+
+
+def serve_config(args: argparse.Namespace, default_name: str) -> ServeConfig:
+    return ServeConfig(
+        host=args.host, port=args.port, model_name=args.served_model_name or default_name,
+        max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
+        max_logprobs=args.max_logprobs, logprobs_mode=args.logprobs_mode,
+        max_body_bytes=args.max_body_bytes, max_concurrent_requests=args.max_concurrent_requests,
+    )
 
 
 def load_policy(args: argparse.Namespace) -> tuple[TransformersPolicy, str]:
@@ -473,20 +648,10 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     policy, default_name = load_policy(args)
-    config = ServeConfig(
-        host=args.host, port=args.port, model_name=args.served_model_name or default_name,
-        max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
-        max_logprobs=args.max_logprobs, logprobs_mode=args.logprobs_mode,
-    )
-    server = make_server(policy, config)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve_forever, name="compactrl-serve-http", daemon=True)
-    thread.start()
-    host, port = server.server_address[:2]
-    print(f"compactrl serve: model {config.model_name!r} on http://{host}:{port}/v1", flush=True)
-    stop.wait()
-    server.shutdown()
-    server.server_close()
+    server = make_server(policy, serve_config(args, default_name))
+    print(f"compactrl serve: model {server.config.model_name!r} on {server.url}/v1", flush=True)
+    try:
+        server.serve_forever()  # uvicorn handles SIGINT/SIGTERM in the main thread: a graceful stop
+    finally:
+        server.server_close()
     return 0
