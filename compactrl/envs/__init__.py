@@ -12,7 +12,7 @@ _EXPORTS = {
     "CodeRepoEnv": "compactrl.envs.code_env",
     "TaskSampler": "compactrl.envs.code_env",
     "TaskList": "compactrl.envs.code_env",
-    "make_code_env": "compactrl.envs.code_env",
+    "ChatMessages": "compactrl.envs.spaces",
     "UnicodeText": "compactrl.envs.spaces",
     "ToolCall": "compactrl.envs.tools",
     "FormatError": "compactrl.envs.tools",

@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
-
 from compactrl.envs.code_env import TaskSampler, ToolEnv
 from compactrl.envs.task import Task
 from compactrl.envs.tools import describe_tools
@@ -66,24 +64,3 @@ class TerminalEnv(ToolEnv):
         files = self._sandbox.list_files() if self._sandbox else sorted(task.files)
         top = sorted({p.split("/", 1)[0] + ("/" if "/" in p else "") for p in files})
         return f"{task.instruction}\n\nThe work dir holds {len(files)} files; at its top: {' '.join(top)}"
-
-
-def make_terminal_env(*, context_budget: Any = True, tokenizer: Any = None, **kwargs: Any) -> gym.Env:
-    """Entry point of ``CompactTerminal-v0``: a :class:`TerminalEnv` inside
-    :class:`~compactrl.wrappers.ContextBudget`.
-
-    Fields of :class:`~compactrl.wrappers.ContextBudgetConfig` given as keywords (``budget=4096``,
-    ``max_compactions=...``) override the wrapper's defaults; ``context_budget`` may also be a
-    ``ContextBudgetConfig``, or ``None``/``False`` for the bare env. ``tokenizer``: the wrapper's
-    tokenizer (default: compactrl's). Other keywords go to :class:`TerminalEnv`.
-    """
-    from compactrl.wrappers import ContextBudget, ContextBudgetConfig  # wrappers sit above envs
-
-    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in ContextBudgetConfig.__dataclass_fields__}
-    env = TerminalEnv(**kwargs)
-    if context_budget is None or context_budget is False:
-        if overrides:
-            raise ValueError(f"context_budget: got None but also wrapper parameters {sorted(overrides)}")
-        return env
-    config = context_budget if isinstance(context_budget, ContextBudgetConfig) else None
-    return ContextBudget(env, config, tokenizer=tokenizer, **overrides)

@@ -11,11 +11,19 @@ the whole rendered text except where a content starts with whitespace that the p
 would have merged into the header's last newline. The ids a learned policy sees (the
 ``prompt_token_ids`` of the context-budget wrapper) are these per-part ids, in training and at
 serving alike.
+
+The same object is the token spec of a tokenizer: its stop ids (end-of-turn and eos), pad id and
+special ids are derived here once, from the template, for the wrapper and the policies alike
+(:func:`chat_format` caches one per tokenizer, :func:`stop_ids` adds a model's own eos ids).
+
+Text that is not valid unicode (lone surrogates, e.g. bytes decoded with ``surrogateescape``) is
+tokenised as :func:`valid_unicode` makes it: each lone surrogate becomes U+FFFD.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,17 +67,20 @@ class ChatFormat:
         self.assistant_footer_rest: tuple[int, ...] = assistant.footer[1:]
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = frozenset({self.end_of_turn} | ({int(eos)} if isinstance(eos, int) else set()))
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id: int = int(pad) if isinstance(pad, int) else min(self.stop_ids)
+        self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ())) | self.stop_ids
         self.vocab_size = len(tokenizer)
 
     # -- tokenising -------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
         """Content ids: special-token strings in ``text`` are plain text, nothing is added."""
-        return self._plain(text)
+        return self._plain(valid_unicode(text))
 
     def encode_special(self, text: str) -> list[int]:
         """Template ids: special-token strings become their ids."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(valid_unicode(text), add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -114,6 +125,56 @@ class ChatFormat:
             raise ValueError(f"tokenizer: its chat template does not render a {role!r} turn's content verbatim")
         head, tail = text.split(_SENTINEL)
         return TurnIds(tuple(self.encode_special(head)), tuple(self.encode_special(tail)))
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (surrogate pairs are joined).
+
+    A Python ``str`` may hold surrogates (``"\\ud800"``, or bytes decoded with ``surrogateescape``)
+    that no UTF-8 tokenizer accepts; valid text is returned as is (the check is one encode).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+_FORMATS: OrderedDict[tuple[int, str, str], ChatFormat] = OrderedDict()
+_FORMATS_MAX = 16  # a format holds its tokenizer: a bounded cache keeps short-lived ones collectable
+
+
+def chat_format(tokenizer: Any, *, tool_role: str = "tool") -> ChatFormat:
+    """The :class:`ChatFormat` of ``tokenizer``, built once per tokenizer object (and chat template).
+
+    Shared: treat it as read-only. Building one renders the template a few times (~15 ms), which
+    every env of a batch would otherwise repeat.
+    """
+    key = (id(tokenizer), str(getattr(tokenizer, "chat_template", None)), tool_role)
+    fmt = _FORMATS.get(key)
+    if fmt is None or fmt.tokenizer is not tokenizer:  # an id can be reused after collection
+        fmt = _FORMATS[key] = ChatFormat(tokenizer, tool_role=tool_role)
+        if len(_FORMATS) > _FORMATS_MAX:
+            _FORMATS.popitem(last=False)
+    _FORMATS.move_to_end(key)
+    return fmt
+
+
+def stop_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """The ids that end a response: the chat format's end-of-turn and eos ids, plus ``model``'s
+    generation-config eos ids. A tokenizer without a chat template contributes its eos id only."""
+    if getattr(tokenizer, "chat_template", None) is not None:
+        ids = set(chat_format(tokenizer).stop_ids)
+    else:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        ids = {int(eos)} if isinstance(eos, int) else set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is not None:
+        ids |= {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+    if not ids:
+        raise ValueError("tokenizer: cannot tell the end-of-turn token (no chat template, no eos id): "
+                         "pass stop_token_ids")
+    return sorted(ids)
 
 
 def _plain_encoder(tokenizer: Any):

@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-from gymnasium import spaces
 
-from compactrl.envs.spaces import UnicodeText
+from compactrl.envs.spaces import ChatMessages
 from compactrl.types import TokenResponse, Trace
-from compactrl.wrappers.chat_format import ChatFormat
+from compactrl.wrappers.chat_format import ChatFormat, chat_format, valid_unicode
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +166,11 @@ class ContextBudget(gym.Wrapper):
             config = ContextBudgetConfig(**{**config.__dict__, **overrides})
         self.config = config
         if tokenizer is None:
-            from compactrl.tokenizer import load_tokenizer
+            from compactrl.tokenizer import shared_tokenizer
 
-            tokenizer = load_tokenizer()
+            tokenizer = shared_tokenizer()
         self.tokenizer = tokenizer
-        self.fmt = ChatFormat(tokenizer, tool_role=config.tool_role)
+        self.fmt: ChatFormat = chat_format(tokenizer, tool_role=config.tool_role)
         self._instruction_ids = self.fmt.turn("user", config.summary_instruction)
         self._summary_header_ids = self.fmt.encode(config.summary_header)
         n_gen = len(self.fmt.generation_prompt)
@@ -187,6 +186,7 @@ class ContextBudget(gym.Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         task_text, inner_info = self.env.reset(seed=seed, options=options)
+        task_text = valid_unicode(task_text)
         system = self._system_prompt()
         self._check_fits(system, task_text, where=f"task {inner_info.get('task_id', '')!r}")
         self._episode_id += 1
@@ -284,7 +284,9 @@ class ContextBudget(gym.Wrapper):
             lps = list(action.log_probs) if action.log_probs is not None else [math.nan] * len(ids)
             sampled_eot = ids[-1] in self.fmt.stop_ids
         elif isinstance(action, str):
-            text, ids = action, [*self.fmt.encode(action), self.fmt.end_of_turn]
+            # the text passed on is the text the ids encode (lone surrogates become U+FFFD)
+            text = valid_unicode(action)
+            ids = [*self.fmt.encode(text), self.fmt.end_of_turn]
             lps, sampled_eot = [math.nan] * len(ids), True
         else:
             raise ValueError(f"action: expected a str or TokenResponse, got {type(action).__name__}")
@@ -309,6 +311,7 @@ class ContextBudget(gym.Wrapper):
         """Clip a tool output to the cap (head + marker + tail, in tokens); returns text, turn ids, clipped."""
         if not isinstance(text, str):
             raise TypeError(f"ContextBudget needs text observations from the inner env, got {type(text).__name__}")
+        text = valid_unicode(text)
         ids = self.fmt.encode(text)
         clipped = 0
         if len(ids) > self.config.tool_output_cap:
@@ -400,8 +403,7 @@ def _whole_chars(fmt: ChatFormat, text: str, ids: list[int], head: int, tail: in
     return head, tail
 
 
-def _messages_space(env: gym.Env, config: ContextBudgetConfig) -> spaces.Sequence:
+def _messages_space(env: gym.Env, config: ContextBudgetConfig) -> ChatMessages:
     inner = [getattr(env.observation_space, "max_length", 0), getattr(env.action_space, "max_length", 0)]
     content_max = max([*inner, 1 << 20]) + len(config.summary_header) + len(config.clip_marker) + 32
-    message = spaces.Dict({"role": UnicodeText(16), "content": UnicodeText(content_max)})
-    return spaces.Sequence(message, stack=False)
+    return ChatMessages(content_max)
