@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["SummaryChain", "expected_summary_advantage", "advantage_gap", "ideal_gap", "gap_table",
-           "trajectories", "trajectory_batch", "ADAPTIVE"]
+           "trajectories", "trajectory_batch", "trace_gae_summary_advantage", "ADAPTIVE"]
 
 ADAPTIVE = "adaptive"
 """Pass as ``lmbda`` for the length-adaptive lambda ``1 - 1/(alpha * n)`` (``n`` as in ``trace_gae``)."""
@@ -226,3 +226,22 @@ def trajectory_batch(chain: SummaryChain, boundary: str = "bootstrap"):
         value[2 * e + 1, _PROMPT:_PROMPT + n1] = v[n0:]
     batch.set("value", value)
     return batch
+
+
+def trace_gae_summary_advantage(chain: SummaryChain, lmbda: float | str, boundary: str = "bootstrap", *,
+                                alpha: float = 1.5) -> dict[str, float]:
+    """:func:`expected_summary_advantage` measured instead: ``trace_gae`` on :func:`trajectory_batch`,
+    the summary token's advantage averaged over the trajectories of each choice by their probability
+    (NaN for a choice of probability 0)."""
+    from compactrl.algos.gae import trace_gae
+
+    batch = trajectory_batch(chain, boundary)
+    kwargs = {"length_adaptive_alpha": alpha} if lmbda == ADAPTIVE else {"lmbda": lmbda}
+    trace_gae(batch, gamma=chain.gamma, boundary=boundary, truncation="terminal", **kwargs)
+    at_summary = batch["advantage"][batch["summary_mask"]].double().tolist()  # one per episode, in order
+    out = {}
+    for c in CHOICES:
+        paths = [(p, a) for (p, choice, _), a in zip(trajectories(chain), at_summary) if choice == c]
+        weight = sum(p for p, _ in paths)
+        out[c] = sum(p * a for p, a in paths) / weight if weight > 0 else math.nan
+    return out
