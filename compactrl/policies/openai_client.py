@@ -224,15 +224,17 @@ class OpenAICompletionsPolicy:
 
     # -- policy ------------------------------------------------------------------------------------
 
-    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Generated:
-        """One completion of a token-id prompt."""
-        body = completion_payload(self.model, prompt_ids, max_new_tokens, self.sampling, self.stop_token_ids,
-                                  seed=self._next_seed(), extra=self.extra_body)
+    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, *, sampling: SamplingConfig | None = None,
+                 stop_token_ids: Sequence[int] | None = None, seed: int | None = None) -> Generated:
+        """One completion of a token-id prompt (``sampling``, stop ids and seed override the client's)."""
+        stop = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
+        body = completion_payload(self.model, prompt_ids, max_new_tokens, sampling or self.sampling, stop,
+                                  seed=self._next_seed() if seed is None else seed, extra=self.extra_body)
         data = self._post("/completions", body)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not choices:
             raise ServerResponseError(f"the response has no choices: {str(data)[:200]}")
-        return parse_choice(choices[0], self.stop_token_ids)
+        return parse_choice(choices[0], stop)
 
     def act(self, requests: Sequence[PolicyRequest]) -> list[str]:
         prompts = [prompt_ids_for(r, self.tokenizer) for r in requests]
