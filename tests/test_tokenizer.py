@@ -115,3 +115,67 @@ def test_build_is_deterministic(tmp_path):
     assert (tmp_path / "a" / "chat_template.jinja").read_text() == (packaged / "chat_template.jinja").read_text()
     rebuilt = load_tokenizer(tmp_path / "a")
     assert len(rebuilt) == VOCAB_SIZE and rebuilt.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [0, 1, 2]
+
+
+# -- one token spec, one shared instance -------------------------------------------------------------
+
+
+def test_shared_tokenizer_is_one_instance_and_load_gives_a_private_copy():
+    from compactrl.tokenizer import shared_tokenizer
+
+    assert shared_tokenizer() is shared_tokenizer()
+    private = load_tokenizer()
+    assert private is not shared_tokenizer() and private.get_vocab() == shared_tokenizer().get_vocab()
+
+
+def test_registered_envs_share_the_tokenizer_and_its_chat_format():
+    import gymnasium as gym
+
+    import compactrl  # noqa: F401  (registers the ids)
+    from compactrl.tokenizer import shared_tokenizer
+
+    a, b = gym.make("CompactCode-v0"), gym.make("CompactTerminal-v0", budget=4096)
+    assert a.get_wrapper_attr("tokenizer") is shared_tokenizer() is b.get_wrapper_attr("tokenizer")
+    assert a.get_wrapper_attr("fmt") is b.get_wrapper_attr("fmt")
+
+
+def test_token_spec_is_derived_from_the_chat_template():
+    from compactrl.tokenizer import shared_tokenizer
+    from compactrl.wrappers.chat_format import chat_format
+
+    fmt = chat_format(shared_tokenizer())
+    assert fmt is chat_format(shared_tokenizer()) and fmt is not chat_format(shared_tokenizer(), tool_role="user")
+    assert fmt.end_of_turn == IM_END_ID and fmt.stop_ids == {IM_END_ID, ENDOFTEXT_ID}
+    assert fmt.pad_id == ENDOFTEXT_ID and {ENDOFTEXT_ID, IM_START_ID, IM_END_ID} <= fmt.special_ids
+    # a tokenizer whose template ends turns differently gets its own spec, not a stale cached one
+    tok = load_tokenizer()
+    assert chat_format(tok).end_of_turn == IM_END_ID
+    tok.chat_template = tok.chat_template.replace("<|im_end|>", "<|endoftext|>")
+    assert chat_format(tok).end_of_turn == ENDOFTEXT_ID
+
+
+def test_stop_ids_add_the_model_eos_and_need_some_end_of_turn():
+    from types import SimpleNamespace
+
+    from compactrl.wrappers.chat_format import stop_ids
+
+    assert stop_ids(TOK) == [ENDOFTEXT_ID, IM_END_ID]
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[7, IM_END_ID]))
+    assert stop_ids(TOK, model) == sorted({ENDOFTEXT_ID, IM_END_ID, 7})
+    bare = SimpleNamespace(chat_template=None, eos_token_id=None)
+    with pytest.raises(ValueError, match="end-of-turn"):
+        stop_ids(bare)
+    assert stop_ids(bare, model) == sorted({IM_END_ID, 7})
+
+
+@given(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=200))
+def test_valid_unicode_replaces_only_lone_surrogates(text):
+    from compactrl.wrappers.chat_format import chat_format, valid_unicode
+
+    clean = valid_unicode(text)
+    clean.encode("utf-8")  # never raises
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        assert clean is text
+    assert len(clean) <= len(text) and clean.count("\ufffd") >= text.count("\ufffd")
+    fmt = chat_format(TOK)
+    assert fmt.encode(text) == fmt.encode(clean) and fmt.decode(fmt.encode(text)) == clean
