@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
+from compactrl.envs.generators.dynamics import task_dynamics
 from compactrl.envs.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
 from compactrl.envs.spaces import UnicodeText
 from compactrl.envs.task import Task
@@ -126,6 +127,7 @@ class ToolEnv(gym.Env[str, str]):
         self._started = 0.0
         self._last_obs = ""
         self._line_cache: dict[str, tuple[str, list[str]]] = {}
+        self._dynamics = None
 
     # -- prompts ---------------------------------------------------------------------------------
     @property
@@ -152,6 +154,7 @@ class ToolEnv(gym.Env[str, str]):
         self._sandbox.start(task)
         self._line_cache = {}
         self.task = task
+        self._dynamics = task_dynamics(task.metadata, self.np_random)  # flaky runs, progress rewards
         self._done = False
         self._turn = self._format_errors = self._tool_errors = 0
         self._started = time.monotonic()
@@ -175,12 +178,13 @@ class ToolEnv(gym.Env[str, str]):
             else:
                 info["tool"] = call.name
                 if call.name == "submit":
-                    report, terminated = self._sandbox.run_tests(), True
-                    obs = "Submitted.\n" + format_report(report)
+                    report = self._run_tests()
+                    terminated = not (self._dynamics and self._dynamics.flaked)
+                    obs = "Submitted.\n" + format_report(report) + ("" if terminated else _FLAKED_SUBMIT)
                 else:
                     obs = self._run_tool(call)
             if not terminated and self._over_limits():
-                truncated, report = True, self._sandbox.run_tests()
+                truncated, report = True, self._run_tests()
         except SandboxError as exc:
             log.warning("sandbox failure in task %s: %s", self.task.id, exc)
             truncated, report = True, None
@@ -190,6 +194,8 @@ class ToolEnv(gym.Env[str, str]):
         if self._done:
             reward = float(report is not None and report.success)
             info.update(_final_info(report))
+        if self._dynamics:
+            reward += self._dynamics.take_reward()
         info["format_errors"], info["tool_errors"] = self._format_errors, self._tool_errors
         self._last_obs = self._clip(obs)
         return self._last_obs, reward, terminated, truncated, info
@@ -218,7 +224,7 @@ class ToolEnv(gym.Env[str, str]):
             if call.name == "create":
                 return self._create(call.path, call.content)
             if call.name == "test":
-                return format_report(self._sandbox.run_tests())
+                return format_report(self._run_tests())
             if call.name == "shell":
                 result = self._sandbox.exec(call.command)
                 note = " (timed out)" if result.timed_out else ""
@@ -291,6 +297,10 @@ class ToolEnv(gym.Env[str, str]):
         return f"{'Overwrote' if existed else 'Created'} {rel} ({_count_lines(content)} lines)."
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _run_tests(self) -> TestReport:
+        report = self._sandbox.run_tests()
+        return self._dynamics.run(report) if self._dynamics else report
+
     def _lines(self, path: str, content: str) -> list[str]:
         """Lines of a file, cached while its content stays the same object (views are frequent)."""
         cached = self._line_cache.get(path)
@@ -314,6 +324,9 @@ class ToolEnv(gym.Env[str, str]):
             except SandboxError as exc:
                 log.warning("closing the sandbox failed: %s", exc)
             self._sandbox = None
+
+
+_FLAKED_SUBMIT = "\nThe run failed on a flaky test, so the submission was not accepted: submit again."
 
 
 def _positive(**values: float | None) -> None:

@@ -55,7 +55,7 @@ class SeededGenerator(Generic[ConfigT]):
 
     ``config`` is a frozen dataclass with a ``name``; ``build(config, label, seed)`` makes the task.
     A preset's tasks are labelled by its name, any other config's by its name and a 32-bit digest
-    of its fields, so tasks of two custom configs that share a name still get distinct ids. The
+    of its fields (of ``config.record()`` where the config has one), so tasks of two custom configs that share a name still get distinct ids. The
     cache spares rebuilding a task whose seed comes back (a fixed eval index, a reset to a task).
     """
 
@@ -67,7 +67,8 @@ class SeededGenerator(Generic[ConfigT]):
         cache_size: int,
     ) -> None:
         self.config = config
-        digest = hashlib.blake2b(json.dumps(asdict(config), sort_keys=True).encode(), digest_size=4)
+        record = config.record() if hasattr(config, "record") else asdict(config)
+        digest = hashlib.blake2b(json.dumps(record, sort_keys=True).encode(), digest_size=4)
         self.label = config.name if config in presets.values() else f"{config.name}-{digest.hexdigest()}"
         self._build, self._cache_size = build, cache_size
         self._cache: OrderedDict[int, Task] = OrderedDict()

@@ -68,6 +68,13 @@ class CodeTaskConfig:
     """Turn limit stored in each task (the env's default ``max_turns``)."""
     fact_keys: tuple[str, ...] = ()
     """Catalogue keys the facts are drawn from (empty: the whole catalogue)."""
+    flaky_test_p: float = 0.0
+    """Probability that a test run (the ``test`` tool, a submit, the grading at a limit) also fails
+    a flaky test, whatever the work; a submit whose run flaked is not accepted and the episode goes
+    on, so the agent must submit again (noise after a summary that no summary can fix)."""
+    progress_reward: float = 0.0
+    """Reward for each fact's spec test the first time a test run shows it passing, at the step of
+    that run (per-trace rewards on top of the outcome's 1.0; 0 = outcome reward only)."""
 
     def __post_init__(self) -> None:
         _check(self.num_modules >= 1, "num_modules", ">= 1", self.num_modules)
@@ -87,6 +94,22 @@ class CodeTaskConfig:
         keys = {spec.key for spec in CATALOGUE}
         _check(set(self.fact_keys) <= keys, "fact_keys", f"keys of the catalogue {sorted(keys)}", self.fact_keys)
         _check(self.num_facts <= len(self.fact_keys or keys), "num_facts", "<= len(fact_keys)", self.num_facts)
+        _check(0.0 <= self.flaky_test_p < 1.0, "flaky_test_p", "a value in [0, 1)", self.flaky_test_p)
+        _check(self.progress_reward >= 0.0, "progress_reward", ">= 0", self.progress_reward)
+
+    def record(self) -> dict:
+        """The fields as JSON-ready values, the run-time knobs only when set: tasks of configs that
+        leave them off serialise (and are labelled) exactly as before the knobs existed."""
+        out = json.loads(json.dumps(asdict(self)))
+        for name in DYNAMICS_FIELDS:
+            if out[name] == getattr(CodeTaskConfig, name):
+                del out[name]
+        return out
+
+
+DYNAMICS_FIELDS = ("flaky_test_p", "progress_reward")
+"""Fields that change how a task's runs behave (see :mod:`compactrl.envs.generators.dynamics`),
+not what the generated project holds."""
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:
@@ -112,11 +135,22 @@ PRESETS: dict[str, CodeTaskConfig] = {
         name="hard", num_modules=8, num_docs=4, file_lines=(150, 300), num_facts=4,
         fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=80,
     ),
+    # tiny's facts in longer files, the fact deep in the config: at the main job's budget (860)
+    # reading it and the bug file in 25-line views takes 3+ compactions in most episodes; half the
+    # test runs flake and a flaked submit must be repeated within 8 turns, so the return after a
+    # summary is noisy for reasons no summary controls (measured: docs/environments.md).
+    "long_noisy": CodeTaskConfig(
+        name="long_noisy", num_modules=1, num_docs=0, file_lines=(12, 20), num_facts=1,
+        fact_depth=(0.6, 0.95), distractors_per_fact=1, max_turns=8,
+        locations=("config",), fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
+        flaky_test_p=0.5,
+    ),
 }
 
 
 def preset(difficulty: str | CodeTaskConfig) -> CodeTaskConfig:
-    """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``), or ``difficulty`` itself."""
+    """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``, ``long_noisy``), or
+    ``difficulty`` itself."""
     return resolve_preset(difficulty, PRESETS, CodeTaskConfig)
 
 
@@ -201,7 +235,7 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
             "version": 1,
             "seed": seed,
             "split": split_of_seed(seed),
-            "config": json.loads(json.dumps(asdict(cfg))),
+            "config": cfg.record(),
             "package": pkg,
             "bug_file": bug_file,
             "spec_file": spec_file,
@@ -211,8 +245,21 @@ def _generate(cfg: CodeTaskConfig, label: str, seed: int) -> Task:
                 for f in facts
             ],
             "sim": {"modules": imports, "tests": tests, "sites": _sites(bug_lines, facts)},
+            **_dynamics(cfg, pkg, spec_file, facts),
         },
     )
+
+
+def _dynamics(cfg: CodeTaskConfig, pkg: str, spec_file: str, facts: list[_Fact]) -> dict:
+    """The ``dynamics`` metadata of a task whose runs are flaky or rewarded per fact (else nothing)."""
+    if cfg.flaky_test_p == 0.0 and cfg.progress_reward == 0.0:
+        return {}
+    return {"dynamics": {
+        "flaky_test_p": cfg.flaky_test_p,
+        "flaky_test": f"tests/test_{pkg}_timing.py::test_scheduler_latency",
+        "progress_reward": cfg.progress_reward,
+        "progress_tests": [f"{spec_file}::test_{f.spec.func_name}" for f in facts],
+    }}
 
 
 def _closure(start: list[str], graph: dict[str, list[str]]) -> list[str]:
