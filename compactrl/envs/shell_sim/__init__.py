@@ -19,27 +19,33 @@ bash 5.2 with GNU coreutils 9.1, grep 3.8, sed 4.9, findutils 4.9, mawk 1.3.4 un
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from compactrl.envs.sandbox.base import ExecResult
 from compactrl.envs.shell_sim.awk import AWK
 from compactrl.envs.shell_sim.builtins import BUILTINS
+from compactrl.envs.shell_sim.builtins2 import BUILTINS2
 from compactrl.envs.shell_sim.coreutils import COREUTILS
 from compactrl.envs.shell_sim.fs import VirtualFS
 from compactrl.envs.shell_sim.grep import GREP
 from compactrl.envs.shell_sim.listing import LISTING
 from compactrl.envs.shell_sim.sed import SED
-from compactrl.envs.shell_sim.shell import Shell
+from compactrl.envs.shell_sim.shell import Limits, Shell
 from compactrl.envs.shell_sim.sort import cmd_sort
 
-COMMANDS = {**BUILTINS, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cmd_sort}
+COMMANDS = {**BUILTINS, **BUILTINS2, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cmd_sort}
 """Every command the emulator knows; anything else is ``command not found`` (exit 127)."""
 
 SUPPORTED_COMMANDS = tuple(sorted(COMMANDS))
 
 DEFAULT_ROOT = "/workspace"
 """The work dir's absolute path, as the local and docker sandboxes mount it by default."""
+
+
+DEFAULT_TIMEOUT_S = 30.0
+"""A command line's time budget when the caller gives none (the local sandbox's default)."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class ShellRun:
     output: str
     exit_code: int
     truncated: bool
+    timed_out: bool = False
 
 
 class ShellEmulator:
@@ -58,19 +65,28 @@ class ShellEmulator:
 
     ``root`` is the work dir's absolute path (what ``pwd`` prints); ``env`` seeds the variables
     (``HOME`` defaults to ``root``); ``line_numbers`` prefixes shell errors with ``line N:`` as
-    ``bash -c`` does; ``max_output_chars`` caps what one command line returns. Like the real
-    sandboxes (each command is a fresh ``bash -c`` that inherits the previous one's state), the
-    current directory, exported variables and empty directories persist across :meth:`run`
-    calls; plain shell variables do not.
+    ``bash -c`` does; ``max_output_chars`` caps what one command line returns. Limits that keep a
+    runaway command from hanging the episode: ``max_loop_iterations`` (loop iterations and
+    function calls per command line), ``max_function_depth`` and a time budget (``timeout_s`` of
+    :meth:`run`, else ``DEFAULT_TIMEOUT_S``); a command line that exceeds one ends as a timed-out
+    command does on the real backends (exit 124, ``timed_out``). Like the real sandboxes (each
+    command is a fresh ``bash -c`` that inherits the previous one's state), the current
+    directory, exported variables and empty directories persist across :meth:`run` calls; plain
+    shell variables and functions do not.
     """
 
     def __init__(self, files: dict[str, str] | None = None, *, root: str = DEFAULT_ROOT,
                  env: dict[str, str] | None = None, line_numbers: bool = True,
-                 max_output_chars: int = 1 << 20, max_file_chars: int = 1 << 24) -> None:
+                 max_output_chars: int = 1 << 20, max_file_chars: int = 1 << 24,
+                 max_loop_iterations: int = 100_000, max_function_depth: int = 100) -> None:
         if not root.startswith("/"):
             raise ValueError(f"root must be an absolute path, got {root!r}")
+        for name, value in (("max_loop_iterations", max_loop_iterations), ("max_function_depth", max_function_depth)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.files = files if files is not None else {}
         self.fs = VirtualFS(self.files, root)
+        self.max_loop_iterations, self.max_function_depth = max_loop_iterations, max_function_depth
         variables = {"HOME": root, "PWD": root, "LC_ALL": "C.UTF-8"}
         variables.update(env or {})
         self.shell = Shell(self.fs, COMMANDS, variables, line_numbers=line_numbers,
@@ -81,22 +97,29 @@ class ShellEmulator:
         """The shell's current directory (absolute)."""
         return self.shell.cwd
 
-    def run_detailed(self, command: str) -> ShellRun:
+    def run_detailed(self, command: str, timeout_s: float | None = None) -> ShellRun:
         self.fs.invalidate()  # the caller may have edited ``files`` between runs
-        code = self.shell.run(command)
-        chunks = self.shell.term.chunks
+        budget = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
+        limits = Limits(deadline=time.monotonic() + budget, max_iterations=self.max_loop_iterations,
+                        max_depth=self.max_function_depth)
+        code = self.shell.run(command, limits)
+        chunks = list(self.shell.term.chunks)
+        if self.shell.timed_out:
+            chunks.append((2, f"\n[timed out after {budget:g}s: the command and every process it started were "
+                              f"killed] (sim-shell: {limits.reason})\n"))
         return ShellRun(
             stdout="".join(t for fd, t in chunks if fd == 1),
             stderr="".join(t for fd, t in chunks if fd == 2),
             output="".join(t for _, t in chunks),
             exit_code=code,
             truncated=self.shell.term.truncated,
+            timed_out=self.shell.timed_out,
         )
 
     def run(self, command: str, timeout_s: float | None = None) -> ExecResult:
         """Run one command line; ``output`` is stdout and stderr interleaved in write order."""
-        r = self.run_detailed(command)
-        return ExecResult(output=r.output, exit_code=r.exit_code, truncated=r.truncated)
+        r = self.run_detailed(command, timeout_s)
+        return ExecResult(output=r.output, exit_code=r.exit_code, truncated=r.truncated, timed_out=r.timed_out)
 
 
 def run_command(files: dict[str, str], command: str, **kwargs) -> ExecResult:
@@ -128,5 +151,5 @@ def execute(files: dict[str, str], command: str, *, timeout_s: float | None = No
     return sh.run(command, timeout_s=timeout_s)
 
 
-__all__ = ["COMMANDS", "DEFAULT_ROOT", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "execute",
+__all__ = ["COMMANDS", "DEFAULT_ROOT", "DEFAULT_TIMEOUT_S", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "execute",
            "run_command"]

@@ -1,8 +1,10 @@
-"""The executor: expansions, globbing, redirections, pipelines and and-or lists.
+"""The executor: expansions, globbing, redirections, pipelines, lists and the session's state.
 
 Pipeline stages run one after another (stage i's output is stage i+1's input), each in a copy of
 the shell state as bash's subshells are, so ``cd`` inside a pipeline does not leak. Streams are
-:class:`Sink` objects; writes keep their order so ``cmd > f 2>&1`` interleaves like bash.
+:class:`Sink` objects; writes keep their order so ``cmd > f 2>&1`` interleaves like bash. Input is
+an :class:`InStream` that ``read`` consumes line by line and any other command reads to its end.
+Compound commands live in :mod:`compactrl.envs.shell_sim.control`.
 """
 
 from __future__ import annotations
@@ -10,16 +12,30 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from compactrl.envs.shell_sim.arith import ArithError, Evaluator
 from compactrl.envs.shell_sim.fs import EACCES, FsError, Resolved, VirtualFS
-from compactrl.envs.shell_sim.parser import AndOr, Command, Pipeline, Redirect, Word, parse
+from compactrl.envs.shell_sim.parser import (
+    AndOr,
+    Command,
+    Compound,
+    Part,
+    Pipeline,
+    Redirect,
+    ShellSyntaxError,
+    Word,
+    lex_text,
+    parse,
+)
 from compactrl.envs.shell_sim.regex import fnmatch_to_regex
 
 log = logging.getLogger(__name__)
 
 _IFS_WS = " \t\n"
+_DEFAULT_IFS = " \t\n"
 
 
 _LONE_BYTES = re.compile("[\udc80-\udcff]+")
@@ -50,6 +66,61 @@ class ExitShell(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+class AbortCommand(Exception):
+    """An expansion error (bad substitution, arithmetic error): bash abandons the rest of the
+    current top-level command with status ``code``, then runs the next line."""
+
+    def __init__(self, code: int = 1) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class LoopControl(Exception):
+    """``break``/``continue`` unwinding ``levels`` enclosing loops."""
+
+    def __init__(self, kind: str, levels: int) -> None:
+        super().__init__(kind)
+        self.kind, self.levels = kind, levels
+
+
+class ReturnFromFunction(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+TIMEOUT_EXIT_CODE = 124
+"""What the real backends answer for a command killed at its time limit (``timeout``'s code)."""
+
+
+class TimeLimit(Exception):
+    """The command line used up its time or loop-iteration budget (ends like a real timeout)."""
+
+
+@dataclass
+class Limits:
+    """What one command line may use; shared by every subshell of that line.
+
+    ``deadline`` is a ``time.monotonic()`` value; ``iterations`` counts loop iterations and
+    function calls against ``max_iterations``; ``max_depth`` bounds function nesting.
+    """
+
+    deadline: float = float("inf")
+    max_iterations: int = 100_000
+    max_depth: int = 100
+    iterations: int = 0
+    reason: str = ""
+
+    def tick(self) -> None:
+        self.iterations += 1
+        if self.iterations > self.max_iterations:
+            self.reason = f"more than {self.max_iterations} loop iterations"
+            raise TimeLimit()
+        if self.iterations & 63 == 0 and time.monotonic() > self.deadline:
+            self.reason = "the time budget"
+            raise TimeLimit()
 
 
 # ===================================================================== streams
@@ -123,17 +194,57 @@ class FileSink(Sink):
         self.fs.write(self.r, text, append=True)
 
 
-@dataclass
-class IO:
-    """What a command sees: its input text and its two output streams.
+class InStream:
+    """Standard input shared by the commands of a compound command: ``read`` takes a line at a
+    time, any other command that reads takes the rest."""
 
+    __slots__ = ("text", "pos")
+
+    def __init__(self, text: str = "") -> None:
+        self.text, self.pos = text, 0
+
+    def read_all(self) -> str:
+        rest = self.text[self.pos:] if self.pos else self.text
+        self.pos = len(self.text)
+        return rest
+
+    def read_until(self, delim: str) -> tuple[str, bool]:
+        """Up to (not including) ``delim``; whether the delimiter was found."""
+        end = self.text.find(delim, self.pos) if delim else -1
+        if end < 0:
+            chunk, self.pos = self.text[self.pos:], len(self.text)
+            return chunk, False
+        chunk, self.pos = self.text[self.pos:end], end + len(delim)
+        return chunk, True
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.text)
+
+
+class IO:
+    """What a command sees: its input and its two output streams.
+
+    ``stdin`` (the text) is read lazily from ``stream``: a command that never looks at it leaves
+    the stream for the next one, as a loop body's ``echo`` leaves the lines to ``read``.
     ``stdin_regular`` says standard input is a regular file (``< file``), which ``wc`` looks at.
     """
 
-    stdin: str
-    out: Sink
-    err: Sink
-    stdin_regular: bool = False
+    __slots__ = ("stream", "_text", "out", "err", "stdin_regular")
+
+    def __init__(self, stdin: str | InStream, out: Sink, err: Sink, stdin_regular: bool = False) -> None:
+        self.stdin = stdin
+        self.out, self.err, self.stdin_regular = out, err, stdin_regular
+
+    @property
+    def stdin(self) -> str:
+        if self._text is None:
+            self._text = self.stream.read_all()
+        return self._text
+
+    @stdin.setter
+    def stdin(self, value: str | InStream) -> None:
+        self.stream = value if isinstance(value, InStream) else InStream(value)
+        self._text = None
 
 
 CommandFn = Callable[["Shell", list[str], IO], int]
@@ -141,7 +252,7 @@ CommandFn = Callable[["Shell", list[str], IO], int]
 
 # ===================================================================== the shell
 class Shell:
-    """State of one shell session (files, cwd, variables) and the executor."""
+    """State of one shell session (files, cwd, variables, functions, options) and the executor."""
 
     def __init__(self, fs: VirtualFS, commands: dict[str, CommandFn], env: dict[str, str],
                  line_numbers: bool = True, output_limit: int = 1 << 20,
@@ -150,6 +261,14 @@ class Shell:
         self.commands = commands
         self.vars: dict[str, str] = dict(env)
         self.exported: set[str] = set(env)
+        self.functions: dict[str, Compound] = {}
+        self.positional: list[str] = []
+        self.scopes: list[dict[str, str | None]] = []  # per function call: saved outer values
+        self.options: set[str] = set()  # "errexit", "nounset", "pipefail"
+        self.errexit_off = 0  # > 0 in conditions, where a failure must not exit
+        self.loop_depth = 0
+        self.subst_status: int | None = None
+        self.limits = Limits()
         self.cwd = fs.root  # absolute
         self.status = 0
         self.line = 1
@@ -157,6 +276,7 @@ class Shell:
         self.output_limit = output_limit
         self.file_limit = file_limit
         self.term = Terminal(output_limit)
+        self.timed_out = False
 
     # ----------------------------------------------------------------- helpers for commands
     def resolve(self, path: str) -> Resolved:
@@ -170,11 +290,14 @@ class Shell:
         return self.cwd
 
     # ----------------------------------------------------------------- entry point
-    def run(self, src: str) -> int:
+    def run(self, src: str, limits: Limits | None = None) -> int:
         self.term = Terminal(self.output_limit)
         # each command line is a fresh `bash -c`: only exported variables carry over
         self.vars = {k: v for k, v in self.vars.items() if k in self.exported}
-        self.status = 0
+        self.functions, self.positional, self.scopes, self.options = {}, [], [], set()
+        self.errexit_off, self.loop_depth, self.status = 0, 0, 0
+        self.limits = limits or Limits()
+        self.timed_out = False
         out, err = TerminalSink(self.term, 1), TerminalSink(self.term, 2)
         result, warnings = parse(src)
         try:
@@ -183,78 +306,168 @@ class Shell:
                     for line, text in warnings:
                         self.line = line
                         self.shell_error(err, text)
-                for node in group:
-                    self.status = self.run_and_or(node, out, err)
+                self.run_group(group, out, err)
             if result.error is not None:
-                self._report_parse_error(result.error, err)
+                self.report_parse_error(result.error, err)
         except ExitShell as exc:
             self.status = exc.code
         except OutputLimit:
             pass
+        except TimeLimit:
+            self.status = TIMEOUT_EXIT_CODE
+            self.timed_out = True
         return self.status
 
-    def _report_parse_error(self, error: Exception, err: Sink) -> None:
-        from compactrl.envs.shell_sim.parser import ShellSyntaxError
+    def run_group(self, group: list[AndOr], out: Sink, err: Sink) -> None:
+        """One top-level complete command; an expansion error abandons the rest of it."""
+        try:
+            self.status = self.run_list(group, InStream(), out, err)
+        except AbortCommand as exc:
+            self.status = exc.code
+        except LoopControl:
+            pass
+        except ReturnFromFunction as exc:
+            self.status = exc.code
+        except (ExitShell, OutputLimit, TimeLimit):
+            raise
+        except RecursionError:
+            err.write("sim-shell: input too deeply nested\n")
+            self.status = 2
+        except Exception:  # a bug in the emulator must not crash an episode
+            log.exception("sim shell: internal error")
+            err.write("sim-shell internal error\n")
+            self.status = 2
 
+    def report_parse_error(self, error: Exception, err: Sink, prefix: str | None = None) -> None:
         if isinstance(error, ShellSyntaxError):
-            prefix = f"bash: -c: line {error.line}: " if self.line_numbers else "bash: "
+            if prefix is None:
+                prefix = f"bash: -c: line {error.line}: " if self.line_numbers else "bash: "
             for msg in error.messages:
                 err.write(prefix + msg + "\n")
         else:
             err.write(f"sim-shell: unsupported: {error} (see docs/terminal.md for the supported subset)\n")
         self.status = 2
 
-    def run_and_or(self, node: AndOr, out: Sink, err: Sink) -> int:
-        status = self.run_pipeline(node.first, out, err)
-        for op, pipe in node.rest:
-            if (op == "&&") == (status == 0):
-                status = self.run_pipeline(pipe, out, err)
+    def run_list(self, nodes: list[AndOr], inp: InStream, out: Sink, err: Sink) -> int:
+        for node in nodes:
+            self.status = self.run_and_or(node, inp, out, err)
+        return self.status
+
+    def run_and_or(self, node: AndOr, inp: InStream, out: Sink, err: Sink) -> int:
+        last = len(node.rest)
+        self.errexit_off += last > 0
+        try:
+            status = self.run_pipeline(node.first, inp, out, err)
+            ran_last = last == 0
+            for k, (op, pipe) in enumerate(node.rest):
+                if (op == "&&") == (status == 0):
+                    if k == last - 1:
+                        self.errexit_off -= 1
+                        last = -1  # the final pipeline runs with errexit as the caller has it
+                    status = self.run_pipeline(pipe, inp, out, err)
+                    ran_last = k == len(node.rest) - 1
+        finally:
+            self.errexit_off -= last > 0
+        final = node.rest[-1][1] if node.rest else node.first
+        if status and ran_last and not final.negate:
+            self.check_errexit(status)
         return status
 
-    def run_pipeline(self, pipe: Pipeline, out: Sink, err: Sink) -> int:
-        if len(pipe.commands) == 1:
-            status = self.run_command(pipe.commands[0], "", out, err)
-        else:
-            data = ""
-            status = 0
-            for i, cmd in enumerate(pipe.commands):
-                last = i == len(pipe.commands) - 1
-                sink: Sink = out if last else BufferSink(self.file_limit)
-                sub = self.subshell()
-                try:
-                    status = sub.run_command(cmd, data, sink, err)
-                except ExitShell as exc:
-                    status = exc.code
-                data = "" if last else sink.value()  # type: ignore[attr-defined]
+    def check_errexit(self, status: int) -> None:
+        if "errexit" in self.options and self.errexit_off == 0:
+            raise ExitShell(status)
+
+    def run_pipeline(self, pipe: Pipeline, inp: InStream, out: Sink, err: Sink) -> int:
+        if pipe.negate:
+            self.errexit_off += 1
+        try:
+            if len(pipe.commands) == 1:
+                status = self.run_node(pipe.commands[0], inp, out, err)
+            else:
+                status = self._run_stages(pipe, inp, out, err)
+        finally:
+            if pipe.negate:
+                self.errexit_off -= 1
         self.status = (1 if status == 0 else 0) if pipe.negate else status
         return self.status
+
+    def _run_stages(self, pipe: Pipeline, inp: InStream, out: Sink, err: Sink) -> int:
+        data: InStream = inp
+        status, failed = 0, 0
+        for i, cmd in enumerate(pipe.commands):
+            last = i == len(pipe.commands) - 1
+            sink: Sink = out if last else BufferSink(self.file_limit)
+            status = self.subshell().run_in_subshell(cmd, data, sink, err)
+            failed = status or failed
+            data = InStream("" if last else sink.value())  # type: ignore[attr-defined]
+        return failed if "pipefail" in self.options else status
+
+    def run_in_subshell(self, node: Command | Compound, inp: InStream, out: Sink, err: Sink) -> int:
+        try:
+            return self.run_node(node, inp, out, err)
+        except ExitShell as exc:
+            return exc.code
+        except (LoopControl, ReturnFromFunction) as exc:
+            return getattr(exc, "code", 0)
 
     def subshell(self) -> Shell:
         sub = copy.copy(self)
         sub.vars = dict(self.vars)
+        sub.exported = set(self.exported)
+        sub.functions = dict(self.functions)
+        sub.positional = list(self.positional)
+        sub.options = set(self.options)
+        sub.scopes = []
         return sub
 
+    def run_node(self, node: Command | Compound, inp: InStream, out: Sink, err: Sink) -> int:
+        if isinstance(node, Compound):
+            from compactrl.envs.shell_sim.control import run_compound
+
+            return run_compound(self, node, inp, out, err)
+        return self.run_command(node, inp, out, err)
+
     # ----------------------------------------------------------------- simple commands
-    def run_command(self, cmd: Command, stdin: str, out: Sink, err: Sink) -> int:
+    def run_command(self, cmd: Command, inp: InStream, out: Sink, err: Sink) -> int:
         self.line = cmd.line
+        self.subst_status = None
         argv: list[str] = []
         for w in cmd.words:
             for part in brace_expand(w):
                 argv.extend(self.expand_word(part))
-        io = IO(stdin, out, err)
+        io = IO(inp, out, err)
         if not self.apply_redirects(cmd.redirects, io):
             return 1
-        values = {name: self.expand_word(w, split=False)[0] for name, w in cmd.assigns}
+        values = {name: self.expand_word(w, split=False, assign=True)[0] for name, w in cmd.assigns}
         if not argv:
-            self.vars.update(values)
-            return 0
-        name, args = argv[0], argv[1:]
+            for name, value in values.items():
+                self.set_var(name, value)
+            return self.subst_status or 0
+        saved = {name: self.vars.get(name) for name in values}
+        for name, value in values.items():
+            self.vars[name] = value
+        try:
+            return self.call(argv[0], argv[1:], io)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    self.vars.pop(name, None)
+                else:
+                    self.vars[name] = value
+
+    def call(self, name: str, args: list[str], io: IO, functions: bool = True) -> int:
+        """Run a function, builtin or utility by name (``command`` and ``xargs`` skip functions)."""
+        self.limits.tick()
+        if functions and name in self.functions:
+            from compactrl.envs.shell_sim.control import call_function
+
+            return call_function(self, name, args, io)
         fn = self.commands.get(name)
         if fn is None:
             return self._not_found(name, io)
         try:
             return fn(self, args, io)
-        except (ExitShell, OutputLimit):
+        except (ExitShell, OutputLimit, AbortCommand, LoopControl, ReturnFromFunction, TimeLimit):
             raise
         except UsageError as exc:
             return exc.code
@@ -292,6 +505,10 @@ class Shell:
                     io.stdin, io.stdin_regular = body, False
                 continue
             assert r.target is not None
+            if r.op == "<<<":
+                if r.fd == 0:
+                    io.stdin, io.stdin_regular = self.expand_word(r.target, split=False)[0] + "\n", False
+                continue
             words = self.expand_word(r.target, glob_single=True)
             if r.op in (">&", "<&") and len(words) == 1 and words[0].isdigit():
                 if not self._dup(r, int(words[0]), io):
@@ -324,10 +541,6 @@ class Shell:
                 if r.fd == 0:
                     io.stdin, io.stdin_regular = text, not target.devnull
                 return True
-            if r.op == "<<<":
-                if r.fd == 0:
-                    io.stdin, io.stdin_regular = path + "\n", False
-                return True
             append = r.op in (">>", "&>>")
             if append and self.fs.is_file(target):
                 pass
@@ -345,58 +558,154 @@ class Shell:
             io.err = sink
         return True
 
-    # ----------------------------------------------------------------- expansions
+    # ----------------------------------------------------------------- variables
+    def set_var(self, name: str, value: str) -> None:
+        self.vars[name] = value
+
     def param(self, name: str) -> str:
         if name == "?":
             return str(self.status)
         if name == "#":
-            return "0"
+            return str(len(self.positional))
         if name == "$":
             return "4242"
         if name == "0":
             return "bash"
-        if name in "@*-!123456789":
+        if name in ("@", "*"):
+            return " ".join(self.positional)
+        if name.isdigit():
+            k = int(name)
+            return self.positional[k - 1] if k <= len(self.positional) else self._unset(name)
+        if name in "-!":
             return ""
-        return self.vars.get(name, "")
+        value = self.vars.get(name)
+        return value if value is not None else self._unset(name)
 
-    def param_op(self, p) -> str:
-        value = self.param(p.text)
-        if p.op == "#":
-            return str(len(value))
-        if p.op == ":-" and value == "" or p.op == "-" and not self.is_set(p.text):
-            return p.arg
-        return value
+    def _unset(self, name: str) -> str:
+        if "nounset" in self.options:
+            self.shell_error(TerminalSink(self.term, 2), f"{name}: unbound variable")
+            raise ExitShell(127)
+        return ""
 
     def is_set(self, name: str) -> bool:
-        return name in self.vars or name in "?#$0"
+        if name.isdigit() and name != "0":
+            return int(name) <= len(self.positional)
+        return name in self.vars or name in "?#$0@*"
+
+    def arith(self, text: str, err: Sink | None = None, prefix: str = "") -> int:
+        """Evaluate an arithmetic expression (after expanding ``$``-parameters and substitutions
+        in it); on an error, print bash's message and abandon the command."""
+        expanded = self.expand_text(text)
+        try:
+            return Evaluator(self._arith_get, self.set_var).evaluate(expanded)
+        except ArithError as exc:
+            self.shell_error(err or TerminalSink(self.term, 2), f"{prefix}{expanded.lstrip()}: {exc}")
+            raise AbortCommand(1) from None
+
+    def _arith_get(self, name: str) -> str:
+        return self.param(name)
+
+    def expand_text(self, text: str, heredoc: bool = False) -> str:
+        """``text`` with its expansions done and quotes removed, as one string (no splitting)."""
+        if "$" not in text and "`" not in text and (heredoc or not any(c in text for c in "'\"\\")):
+            return text
+        return self.expand_word(Word(lex_text(text, heredoc=heredoc), text), split=False)[0]
 
     def expand_heredoc(self, body: str) -> str:
-        def repl(m: re.Match) -> str:
-            if m.group(0).startswith("\\"):
-                return m.group(0)[1:]
-            return self.param(m.group(1) or m.group(2) or m.group(3))
+        return self.expand_text(body.replace("\\\n", ""), heredoc=True)
 
-        pat = r"\\[\\$`]|\$\{([A-Za-z_][A-Za-z0-9_]*|[?#$0-9@*!-])\}|\$([A-Za-z_][A-Za-z0-9_]*)|\$([?#$0-9@*!-])"
-        return re.sub(pat, repl, body.replace("\\\n", ""))
+    # ----------------------------------------------------------------- expansions
+    def param_op(self, p: Part) -> str:
+        if p.op == "$(":
+            return self.command_substitution(p.text)
+        if p.op == "$((":
+            return str(self.arith(p.text))
+        if p.op == "bad":
+            self.shell_error(TerminalSink(self.term, 2), f"${{{p.text}}}: bad substitution")
+            raise AbortCommand(1)
+        if p.op == "len":
+            return str(len(self.positional) if p.text in "@*" else len(self.param(p.text)))
+        if p.op in ("-", "=", "+", "?", ":-", ":=", ":+", ":?"):
+            return self._param_default(p)
+        value = self.param(p.text)
+        if p.op == "":
+            return value
+        from compactrl.envs.shell_sim.control import param_transform
 
-    def expand_word(self, word: Word, split: bool = True, glob_single: bool = False) -> list[str]:
-        """Expand one word into fields: parameters, field splitting, then pathname expansion."""
+        return param_transform(self, p, value)
+
+    def _param_default(self, p: Part) -> str:
+        colon = p.op.startswith(":")
+        present = self.is_set(p.text) and not (colon and self.param(p.text) == "")
+        kind = p.op[-1]
+        if kind == "+":
+            return self.expand_text(p.arg) if present else ""
+        if present:
+            return self.param(p.text)
+        if kind == "-":
+            return self.expand_text(p.arg)
+        if kind == "=":
+            value = self.expand_text(p.arg)
+            self.set_var(p.text, value)
+            return value
+        msg = self.expand_text(p.arg) or ("parameter null or not set" if colon else "parameter not set")
+        self.shell_error(TerminalSink(self.term, 2), f"{p.text}: {msg}")
+        raise ExitShell(127)
+
+    def command_substitution(self, src: str) -> str:
+        """``$(src)``: run in a subshell, its output without trailing newlines."""
+        sub = self.subshell()
+        sink = BufferSink(self.file_limit)
+        err = TerminalSink(self.term, 2)
+        result, _ = parse(src)
+        sub.status = self.status
+        try:
+            for group in result.groups:
+                sub.status = sub.run_list(group, InStream(), sink, err)
+            if result.error is not None:
+                sub.report_parse_error(result.error, err, prefix="bash: command substitution: line "
+                                       f"{getattr(result.error, 'line', 1)}: ")
+        except ExitShell as exc:
+            sub.status = exc.code
+        except (LoopControl, ReturnFromFunction):
+            pass
+        self.subst_status = self.status = sub.status  # `$?` later in the same command sees it
+        return sink.value().rstrip("\n")
+
+    def _fields_of(self, p: Part) -> list[str] | None:
+        """``"$@"``: one field per positional parameter (None for any other part)."""
+        if p.var and p.quoted and p.op == "" and p.text == "@":
+            return list(self.positional)
+        return None
+
+    def expand_word(self, word: Word, split: bool = True, glob_single: bool = False,
+                    assign: bool = False) -> list[str]:
+        """Expand one word into fields: parameters, substitutions, field splitting, then pathname
+        expansion."""
         fields: list[list[tuple[str, bool]]] = []
         cur: list[tuple[str, bool]] = []
         cur_live = False  # the current field exists even if empty (quoted text seen)
-        parts = self._tilde(word)
-        for p in parts:
+        ifs = self.vars.get("IFS", _DEFAULT_IFS)
+        for p in self._tilde(word):
             if not p.var:
                 cur.append((p.text, p.quoted))
                 cur_live = cur_live or p.quoted or bool(p.text)
+                continue
+            at_fields = self._fields_of(p) if split else None
+            if at_fields is not None:
+                for k, piece in enumerate(at_fields):
+                    if k > 0:
+                        fields.append(cur)
+                        cur = []
+                    cur.append((piece, True))
+                    cur_live = True
                 continue
             value = self.param_op(p)
             if p.quoted or not split:
                 cur.append((value, True))
                 cur_live = True
                 continue
-            pieces = re.split(f"[{_IFS_WS}]+", value)
-            for k, piece in enumerate(pieces):
+            for k, piece in enumerate(_ifs_split(value, ifs)):
                 if k > 0 and (cur_live or cur):
                     fields.append(cur)
                     cur, cur_live = [], False
@@ -423,8 +732,6 @@ class Shell:
             head = parts[0].text
             rest = head[1:]
             if rest == "" or rest.startswith("/"):
-                from compactrl.envs.shell_sim.parser import Part
-
                 return [Part(self.vars.get("HOME", self.fs.root) + rest, True), *parts[1:]]
         return parts
 
@@ -480,6 +787,23 @@ class Shell:
         return out
 
 
+def _ifs_split(value: str, ifs: str) -> list[str]:
+    """Field splitting of an unquoted expansion's value by ``IFS``; an empty first or last piece
+    means the value starts or ends with a separator."""
+    if ifs == _DEFAULT_IFS:
+        return re.split("[ \t\n]+", value)
+    if ifs == "":
+        return [value]
+    ws = "".join(c for c in ifs if c in _IFS_WS)
+    other = "".join(c for c in ifs if c not in _IFS_WS)
+    alts = []
+    if other:
+        alts.append(f"[{re.escape(ws)}]*[{re.escape(other)}][{re.escape(ws)}]*" if ws else f"[{re.escape(other)}]")
+    if ws:
+        alts.append(f"[{re.escape(ws)}]+")
+    return re.split("|".join(alts), value)
+
+
 # ===================================================================== brace expansion
 _Atom = tuple  # (text, quoted, var): one character of literal text, or a whole parameter part
 
@@ -488,19 +812,17 @@ def _atoms(word: Word) -> list[_Atom]:
     out: list[_Atom] = []
     for p in word.parts:
         if p.var:
-            out.append((p.text, p.quoted, True))
+            out.append((p.text, p.quoted, p))
         else:
             out.extend((c, p.quoted, False) for c in p.text)
     return out
 
 
 def _to_word(atoms: list[_Atom], raw: str) -> Word:
-    from compactrl.envs.shell_sim.parser import Part
-
     parts: list[Part] = []
     for text, quoted, var in atoms:
         if var:
-            parts.append(Part(text, quoted, var=True))
+            parts.append(var)
         elif parts and not parts[-1].var and parts[-1].quoted == quoted:
             parts[-1] = Part(parts[-1].text + text, quoted)
         else:
