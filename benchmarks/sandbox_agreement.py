@@ -1,7 +1,7 @@
 """How often do sim, local and docker agree on the same episode? (target: 100%)
 
 For generated code tasks, plays the oracle's episode, a no-op sequence and random edit sequences
-(``compactrl.envs.sandbox.fidelity``) on every backend, and counts the episodes whose files,
+(``compactrl.testing.sandbox_fidelity``) on every backend, and counts the episodes whose files,
 must-pass verdicts, reward/termination and file-tool observations agree with the sim's. Every
 disagreement is printed with its class (what differed) and the action sequence that caused it.
 
@@ -21,7 +21,7 @@ import random
 import time
 
 from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
-from compactrl.envs.sandbox import fidelity as F
+from compactrl.testing import sandbox_fidelity as F
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ import time
 from compactrl.envs.code_env import CodeRepoEnv
 from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
 from compactrl.envs.sandbox import make_sandbox
-from compactrl.envs.sandbox.fidelity import oracle_actor, scripted_actor
 from compactrl.envs.tools import parse_action
+from compactrl.testing.sandbox_fidelity import oracle_actor, scripted_actor
 
 SHELL_EPISODE = [
     "<tool>shell ls -R | head -40</tool>",

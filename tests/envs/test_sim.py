@@ -189,7 +189,7 @@ _rhs = st.one_of(
 def test_fast_path_agrees_with_full_analysis(seed, values, annotate):
     """Edits of the fact lines only are judged without parsing the module; the result must equal
     the full statement-level analysis (which the real-pytest comparison validates)."""
-    from compactrl.envs.sandbox import sim
+    from compactrl.envs.sandbox import static_pytest
 
     task = GEN.generate(seed)
     meta = task.metadata
@@ -200,15 +200,15 @@ def test_fast_path_agrees_with_full_analysis(seed, values, annotate):
     for site, rhs in zip(meta["sim"]["sites"], values):
         lines[site["line"]] = f"{site['key']}{': object' if annotate else ''} = {rhs}"
     current = "\n".join(lines)
-    assert sim._original_sites(original, frozenset(k for k, _, _ in facts))[1:] == (
+    assert static_pytest._original_sites(original, frozenset(k for k, _, _ in facts))[1:] == (
         {i: k for i, k, _ in sites}, {i: b for i, _, b in sites})
-    fast = sim._fact_lines_only(current, original, facts, sites)
-    full = sim._full_verdict(current, original, facts)
+    fast = static_pytest._fact_lines_only(current, original, facts, sites)
+    full = static_pytest._full_verdict(current, original, facts)
     if fast is not None:
         assert fast == full
     else:  # only edits that are not one complete statement per line leave the fast path
-        assert any(sim._parse_line(line) is None or len(sim._parse_line(line)) != 1 for line in lines)
+        assert any(static_pytest._parse_line(line) is None or len(static_pytest._parse_line(line)) != 1 for line in lines)
     correct = "\n".join(
         f"{line.split(' = ')[0].split(':')[0]} = {next(f['value'] for f in meta['facts'] if line.startswith(f['key']))!r}"
         if i in {s["line"] for s in meta["sim"]["sites"]} else line for i, line in enumerate(lines))
-    assert sim._fact_lines_only(correct, original, facts, sites) == ("ok", {k: True for k, _, _ in facts})
+    assert static_pytest._fact_lines_only(correct, original, facts, sites) == ("ok", {k: True for k, _, _ in facts})

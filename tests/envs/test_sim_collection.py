@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from compactrl.envs.generators.code import CodeTaskGenerator
 from compactrl.envs.sandbox import make_sandbox
-from compactrl.envs.sandbox.sim import _collected, _file_info, judge_code_task
+from compactrl.envs.sandbox.static_pytest import _collected, _file_info, judge_code_task
 
 pytestmark = pytest.mark.timeout(120)
 GEN = CodeTaskGenerator("default")

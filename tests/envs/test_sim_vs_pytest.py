@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from compactrl.envs.generators.code import CodeTaskGenerator
-from compactrl.envs.sandbox.sim import judge_code_task
+from compactrl.envs.sandbox.static_pytest import judge_code_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sandbox_helpers import REAL_BACKENDS, docker_unavailable, local_unavailable
 
 from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
-from compactrl.envs.sandbox import fidelity as F
+from compactrl.testing import sandbox_fidelity as F
 
 _GEN = {d: CodeTaskGenerator(d) for d in ("easy", "default")}
 _HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
