@@ -58,7 +58,7 @@ def test_bootstrap_equals_gae_on_hand_concatenated_stream(seed, gamma, lmbda, st
 @given(seed=seeds, gamma=unit, lmbda=unit)
 def test_cut_equals_gae_per_trace_with_episode_reward_at_its_end(seed, gamma, lmbda):
     batch = batch_with_values(random_episodes(seed, step_rewards=True), seed)
-    trace_gae(batch, gamma=gamma, lmbda=lmbda, boundary="cut")
+    trace_gae(batch, gamma=gamma, lmbda=lmbda, boundary="cut", truncation="bootstrap_last")
     for r in range(batch.shape[0]):
         cols = batch["policy_mask"][r].nonzero().squeeze(1)
         if cols.numel() == 0:
@@ -204,3 +204,38 @@ def test_length_adaptive_lambda_under_cut_uses_trace_length(seed, alpha):
         lam = float(length_adaptive_lambda(torch.tensor([cols.numel()]), alpha))
         adv, _ = gae(rewards, values, done, gamma=1.0, lmbda=lam)
         torch.testing.assert_close(batch["advantage"][r, cols], adv, rtol=1e-5, atol=1e-5)
+
+
+def _two_trace_episode(values: list[float]):
+    """One episode: trace 0 = prompt + [response, summary], trace 1 = prompt + [response, answer]
+    (reward 1 on the answer); ``values`` at the four policy tokens in time order."""
+    import math
+
+    from compactrl.collectors.batch import EpisodeMeta, stack_traces
+    from compactrl.types import Trace
+
+    pol = [False, True, True]
+    t0 = Trace([1, 2, 3], pol, [False, False, True], [math.nan, 0.0, 0.0], trace_index=0, ends_with_summary=True)
+    t1 = Trace([1, 4, 5], pol, [False] * 3, [math.nan, 0.0, 0.0], {2: 1.0}, trace_index=1)
+    batch = stack_traces([(EpisodeMeta(0, 0, True, False), [t0, t1])])
+    batch.set("value", torch.tensor([[0.0, *values[:2]], [0.0, *values[2:]]]))
+    return batch
+
+
+@pytest.mark.timeout(30)
+def test_length_adaptive_lambda_by_hand():
+    """Bootstrap: one stream of n = 4 tokens, lambda = 1 - 1/(1.5 * 4) = 5/6; cut: two streams of
+    n = 2, lambda = 1 - 1/(1.5 * 2) = 2/3, each ending with the episode's reward. gamma = 1."""
+    v = [0.2, 0.4, 0.5, 0.7]
+    boot = trace_gae(_two_trace_episode(v), gamma=1.0, length_adaptive_alpha=1.5, value_lmbda=1.0)
+    # deltas 0.2, 0.1, 0.2, 0.3 (the summary's next value is the next trace's first value)
+    a3 = 0.3
+    a2 = 0.2 + 5 / 6 * a3
+    a1 = 0.1 + 5 / 6 * a2
+    a0 = 0.2 + 5 / 6 * a1
+    torch.testing.assert_close(boot["advantage"][:, 1:], torch.tensor([[a0, a1], [a2, a3]]))
+    torch.testing.assert_close(boot["value_target"][:, 1:], torch.ones(2, 2))  # value lambda 1: the return
+    cut = trace_gae(_two_trace_episode(v), gamma=1.0, length_adaptive_alpha=1.5, boundary="cut")
+    # trace 0 ends terminally with the episode's reward: deltas 0.2, 1 - 0.4; trace 1: 0.2, 0.3
+    torch.testing.assert_close(cut["advantage"][:, 1:], torch.tensor([[0.2 + 2 / 3 * 0.6, 0.6],
+                                                                       [0.2 + 2 / 3 * 0.3, 0.3]]))
