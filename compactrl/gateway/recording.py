@@ -133,8 +133,7 @@ class Recorder:
     def _flush(self, session: str) -> None:
         lines = self._buffers.pop(session, [])
         if lines:
-            with open(self.part_path(session), "a", encoding="utf-8") as f:
-                f.write("".join(line + "\n" for line in lines))
+            _append(self.part_path(session), "".join(line + "\n" for line in lines))
 
     def flush(self) -> None:
         with self._lock:
@@ -149,16 +148,24 @@ class Recorder:
                 raise ValueError(f"session {session!r} is already finished")
             self._flush(session)
             part = self.part_path(session)
-            with open(part, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"type": "end", "reward": float(reward), "info": info or {}}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            _append(part, json.dumps({"type": "end", "reward": float(reward), "info": info or {}}) + "\n", sync=True)
             os.replace(part, final)
             self._counts.pop(session, None)
             return final
 
     def finished_sessions(self) -> list[Path]:
         return sorted(self.directory.glob("*.jsonl"))
+
+
+def _append(path: Path, text: str, *, sync: bool = False) -> None:
+    """One ``write`` of whole lines; a torn line left by a crash is closed first so it stays alone."""
+    with open(path, "a+b") as f:
+        if f.tell() and (f.seek(f.tell() - 1), f.read(1))[1] != b"\n":
+            text = "\n" + text
+        f.write(text.encode("utf-8"))
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def load_session(path: str | Path) -> Session:
