@@ -163,3 +163,37 @@ def test_calibration_table_and_plot(tmp_path):
         path = calibration_plot(b, tmp_path / "plots" / name)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["cal.png", "empty.png"]
+
+
+@pytest.mark.timeout(180)
+def test_on_a_collected_batch_with_a_real_critic(tmp_path):
+    """End to end: a tiny random model's episodes (budget tight enough to force summaries), a critic
+    from the policy, GAE across traces; every metric is a number in its range or NaN with a reason."""
+    from compactrl.algos.config import override, preset
+    from compactrl.algos.gae import trace_gae
+    from compactrl.algos.trainer import build_policy, make_env_fns
+    from compactrl.collectors.trace_collector import TraceCollector
+    from compactrl.policies.critic import ValueModel
+    from compactrl.tokenizer import load_tokenizer
+
+    cfg = override(preset("smoke"), {"env.context_budget.budget": 520, "env.max_turns": 8})
+    policy, _ = build_policy(cfg, load_tokenizer())
+    collector = TraceCollector(make_env_fns(cfg.env, split="test", count=2), policy, episodes_per_batch=4, seed=3,
+                               give_task_to_policy=False)
+    try:
+        batch = collector.next()
+    finally:
+        collector.shutdown()
+    assert int(batch["trace_index"].max()) >= 1  # summaries were forced
+    critic = ValueModel.from_policy(policy, head_init_std=0.5)
+    with torch.no_grad():
+        batch.set("value", critic.value(batch["tokens"], batch["attention_mask"]).float())
+    trace_gae(batch, gamma=1.0, length_adaptive_alpha=1.5)
+    d = diagnose(batch)
+    assert d.metrics["critic/trace_starts"] == float((batch["trace_index"] >= 1).sum())
+    for name, v in d.metrics.items():
+        if math.isnan(v):
+            assert d.reasons[name], name
+        elif "auc" in name:
+            assert 0.0 <= v <= 1.0, name
+    assert calibration_plot(batch, tmp_path / "cal.png").stat().st_size > 0
