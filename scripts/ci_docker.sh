@@ -7,9 +7,11 @@
 # 2. builds the default sandbox image offline from registries, if it is not there yet:
 #    `debootstrap --variant=minbase` (Debian packages only) with python3 + pytest, then
 #    `podman import` as compactrl-sandbox:latest;
-# 3. writes a containers.conf (runtime runc, cgroupfs, lowered default ulimits) used only by this
-#    run through CONTAINERS_CONF, and starts `podman system service` on its own socket;
-# 4. runs `pytest -m docker` with DOCKER_HOST pointing at that socket, then stops the service.
+# 3. writes a containers.conf (runtime runc, cgroupfs, lowered default ulimits, a short exec exit
+#    delay) used only by this run through CONTAINERS_CONF, and starts `podman system service` on its
+#    own socket;
+# 4. runs `pytest -m docker` with DOCKER_HOST pointing at that socket; on exit removes the containers
+#    the tests left, stops the service and waits until this run's conmon processes are gone.
 #
 # With DOCKER_HOST already set (a Docker Engine, say), steps 1-3 are skipped and that engine is used
 # (it must hold the image; build one with the rootfs this script leaves in $CACHE). Where nothing can
@@ -27,6 +29,11 @@ apt_mirror() {
 }
 MIRROR=${COMPACTRL_DEBIAN_MIRROR:-$(apt_mirror)}
 PY=.venv/bin/python
+# Podman keeps one conmon process per `exec` session alive for exit_command_delay seconds after the
+# command ends (default 300, mimicking Docker's exec inspection window): a test run makes ~500 execs,
+# i.e. ~1,000 conmon processes (~1.6 GiB) alive for 5 minutes after it exits. The exit code is read
+# right after the stream ends (exec_inspect), so a few seconds are plenty.
+EXIT_DELAY=${COMPACTRL_PODMAN_EXIT_DELAY:-5}
 log() { echo "ci_docker: $*" >&2; }
 
 run_tests() {
@@ -65,17 +72,42 @@ if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
 fi
 
 mkdir -p "$CACHE"
-export CONTAINERS_CONF="$CACHE/containers.conf"
+# A per-run file: podman passes CONTAINERS_CONF on to every conmon it starts (conmon drops other
+# variables and leaves the process tree), so its value identifies this run's processes at cleanup.
+# (scripts/test.sh looks for CONTAINERS_CONF=$TMPDIR/compactrl-podman.$COMPACTRL_TEST_RUN.*)
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/compactrl-podman.${COMPACTRL_TEST_RUN:-$$}.XXXXXX")
+export CONTAINERS_CONF="$RUN_DIR/containers.conf"
 # runc: crun is not always installed; cgroupfs: no systemd here; the default nofile/nproc
 # ulimits podman asks for exceed what a nested host grants, which makes every `run` fail.
-cat >"$CONTAINERS_CONF" <<'EOF'
+cat >"$CONTAINERS_CONF" <<EOF
 [containers]
 default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+exit_command_delay = $EXIT_DELAY
 EOF
+service_pid=
+cleanup() {
+  local rc=$?
+  if [[ -n "$service_pid" ]]; then
+    # the tests remove their containers; these are the ones a crashed or killed test left
+    DOCKER_HOST="unix://$SOCK" "$PY" -c "import docker
+from compactrl.envs.sandbox.docker import reap_stale_containers
+n = len(reap_stale_containers(docker.from_env(timeout=30)))
+print(f'ci_docker: removed {n} container(s) left by the tests') if n else None" >&2
+    kill "$service_pid" 2>/dev/null
+    wait "$service_pid" 2>/dev/null
+    rm -f "$SOCK"
+  fi
+  # conmon processes of the last exec sessions end EXIT_DELAY s after their command; wait for them
+  "$PY" scripts/check_leftover_processes.py --wait $((EXIT_DELAY + 30)) --kill "CONTAINERS_CONF=$CONTAINERS_CONF" \
+    || rc=1
+  rm -rf "$RUN_DIR"
+  exit $rc
+}
+trap cleanup EXIT
 
 if ! podman image exists "$IMAGE"; then
   rootfs="$CACHE/rootfs-$SUITE"
@@ -100,7 +132,6 @@ fi
 rm -f "$SOCK"
 podman system service --time=0 "unix://$SOCK" >"$CACHE/podman-service.log" 2>&1 &
 service_pid=$!
-trap 'kill "$service_pid" 2>/dev/null; wait "$service_pid" 2>/dev/null; rm -f "$SOCK"' EXIT
 for _ in $(seq 100); do [[ -S "$SOCK" ]] && break; sleep 0.1; done
 [[ -S "$SOCK" ]] || { log "podman system service did not come up (see $CACHE/podman-service.log)"; exit 1; }
 export DOCKER_HOST="unix://$SOCK"
