@@ -194,7 +194,10 @@ def test_update_policy_weights_calls_engine_hook():
     col = TraceCollector([FakeTraceEnv], Remote(), episodes_per_batch=1)
     col.update_policy_weights_({"w": 1})
     assert col.policy.pushed == {"w": 1}
-    TraceCollector([FakeTraceEnv], EchoPolicy(), episodes_per_batch=1).update_policy_weights_()
+    in_process = EchoPolicy()  # no hook: it shares the trained module, so nothing is pushed or changed
+    before = repr(vars(in_process))
+    TraceCollector([FakeTraceEnv], in_process, episodes_per_batch=1).update_policy_weights_({"w": 1})
+    assert repr(vars(in_process)) == before
 
 
 @given(

@@ -205,6 +205,21 @@ def test_cli_help_lists_serve_options(capsys):
 
 # -- a real `compactrl serve` process ---------------------------------------------------------------
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_until_busy(pid: int, since: float, cpu_s: float = 0.3, timeout_s: float = 60.0) -> None:
+    """Bounded wait until the server has spent ``cpu_s`` of CPU after ``since``: it is generating (idle,
+    it only wakes every 0.1 s), instead of guessing how long a request takes to arrive."""
+    deadline = time.monotonic() + timeout_s
+    while _cpu_seconds(pid) - since < cpu_s:
+        assert time.monotonic() < deadline, f"the server used no {cpu_s} s of CPU within {timeout_s} s"
+        time.sleep(0.01)
+
 @pytest.mark.timeout(300)
 def test_cli_server_agreement_then_killed_server_is_a_clear_error(tokenizer):
     proc, url = start_server("--tiny", "qwen3_moe", "--seed", "0")
@@ -227,9 +242,11 @@ def test_cli_server_agreement_then_killed_server_is_a_clear_error(tokenizer):
             except BaseException as exc:  # noqa: BLE001 - the test inspects it
                 errors.append(exc)
 
+        idle_cpu = _cpu_seconds(proc.pid)
         t = threading.Thread(target=long_request)
         t.start()
-        time.sleep(1.0)
+        _wait_until_busy(proc.pid, idle_cpu)
+        assert t.is_alive() and not errors  # the kill lands while the request is being generated
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         t.join(timeout=30)
