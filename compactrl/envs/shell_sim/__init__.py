@@ -27,15 +27,18 @@ from compactrl.envs.sandbox.base import ExecResult
 from compactrl.envs.shell_sim.awk import AWK
 from compactrl.envs.shell_sim.builtins import BUILTINS
 from compactrl.envs.shell_sim.builtins2 import BUILTINS2
+from compactrl.envs.shell_sim.calc import CALC
 from compactrl.envs.shell_sim.coreutils import COREUTILS
 from compactrl.envs.shell_sim.fs import VirtualFS
 from compactrl.envs.shell_sim.grep import GREP
 from compactrl.envs.shell_sim.listing import LISTING
+from compactrl.envs.shell_sim.moreutils import MOREUTILS
 from compactrl.envs.shell_sim.sed import SED
 from compactrl.envs.shell_sim.shell import Limits, Shell
 from compactrl.envs.shell_sim.sort import cmd_sort
 
-COMMANDS = {**BUILTINS, **BUILTINS2, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cmd_sort}
+COMMANDS = {**BUILTINS, **BUILTINS2, **COREUTILS, **LISTING, **GREP, **SED, **AWK, "sort": cmd_sort,
+            **MOREUTILS, **CALC}
 """Every command the emulator knows; anything else is ``command not found`` (exit 127)."""
 
 SUPPORTED_COMMANDS = tuple(sorted(COMMANDS))

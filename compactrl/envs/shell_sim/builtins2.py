@@ -116,6 +116,13 @@ def cmd_set(sh: Shell, args: list[str], io: IO) -> int:
             sh.positional = args[i - 1:]
             return 0
         for c in a[1:]:
+            if c == "o":  # -euo pipefail: the option name is the next argument
+                if i >= len(args) or args[i] not in ("errexit", "nounset", "pipefail"):
+                    sh.shell_error(io.err, f"set: {args[i] if i < len(args) else ''}: sim-shell: unsupported option")
+                    return 2
+                (sh.options.add if a[0] == "-" else sh.options.discard)(args[i])
+                i += 1
+                continue
             if c not in _SET_OPTIONS:
                 if c == "x":
                     sh.shell_error(io.err, "set: -x: sim-shell: unsupported option")

@@ -59,6 +59,7 @@ class VirtualFS:
         self.root = posixpath.normpath(root) if root != "/" else "/"
         self.dirs: set[str] = set()
         self._tmp = _Store({}, set())
+        self.fds: dict[str, str] = {}  # process substitutions' /dev/fd/N, for one command line
 
     def _store(self, r: Resolved) -> _Store:
         if r.area == TMP:
@@ -73,6 +74,8 @@ class VirtualFS:
         """``cwd`` is the shell's current directory as an absolute path."""
         if path == "/dev/null":
             return Resolved("", devnull=True)
+        if path in self.fds:
+            return Resolved(path, outside=True)
         base = path if path.startswith("/") else posixpath.join(cwd or self.root, path)
         norm = posixpath.normpath(base)
         if norm.startswith("//"):
@@ -131,7 +134,7 @@ class VirtualFS:
         return not r.devnull and r.rel in self._all_dirs(r)
 
     def exists(self, r: Resolved) -> bool:
-        return r.devnull or self.is_file(r) or self.is_dir(r)
+        return r.devnull or self.is_file(r) or self.is_dir(r) or r.outside and r.rel in self.fds
 
     def lookup_error(self, r: Resolved) -> str:
         """The errno text for a path that does not exist (ENOENT or ENOTDIR)."""
@@ -182,6 +185,8 @@ class VirtualFS:
     def read(self, r: Resolved) -> str:
         if r.devnull:
             return ""
+        if r.outside and r.rel in self.fds:
+            return self.fds[r.rel]
         if self.is_file(r):
             return self._store(r).files[r.rel]
         if self.is_dir(r):

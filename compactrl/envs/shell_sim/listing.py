@@ -14,7 +14,7 @@ from collections.abc import Callable
 from compactrl.envs.shell_sim.common import getopt
 from compactrl.envs.shell_sim.fs import Resolved, quote_shell
 from compactrl.envs.shell_sim.regex import fnmatch_to_regex
-from compactrl.envs.shell_sim.shell import IO, Shell, UsageError
+from compactrl.envs.shell_sim.shell import IO, BufferSink, InStream, Shell, UsageError
 
 
 # ===================================================================== ls
@@ -105,6 +105,8 @@ class _FindParser:
         self.mindepth = 0
         self.has_action = False
         self.printed: list[str] = []
+        self.pruned = False
+        self.batches: list[tuple[list[str], list[str]]] = []
 
     def fail(self, msg: str) -> None:
         self.io.err.write(f"find: {msg}\n")
@@ -192,10 +194,42 @@ class _FindParser:
             return lambda p, n, r, d: self.printed.append(p + end) is None
         if tok in ("-true", "-false"):
             return lambda *x: tok == "-true"
-        if tok in ("-exec", "-execdir", "-ok", "-delete", "-newer", "-size", "-mtime", "-perm", "-regex"):
+        if tok == "-prune":
+            return lambda p, n, r, d: self.prune() or True
+        if tok == "-exec":
+            return self._exec()
+        if tok in ("-execdir", "-ok", "-delete", "-newer", "-size", "-mtime", "-perm", "-regex"):
             self.fail(f"sim-shell: {tok} is not supported")
         self.fail(f"unknown predicate `{tok}'")
         raise AssertionError  # unreachable
+
+
+    def prune(self) -> None:
+        self.pruned = True
+
+    def _exec(self) -> Pred:
+        """``-exec CMD ... ;`` (once per path, true when it exits 0) or ``-exec CMD ... {} +``
+        (paths collected and run in one batch after the walk, always true)."""
+        start = self.i
+        while self.i < len(self.toks) and self.toks[self.i] != ";" and not (
+                self.toks[self.i] == "+" and self.toks[self.i - 1] == "{}"):
+            self.i += 1
+        if self.i >= len(self.toks) or self.i == start:
+            self.fail("missing argument to `-exec'")
+        argv, batch = self.toks[start:self.i], self.toks[self.i] == "+"
+        self.i += 1
+        self.has_action = True
+        if batch:
+            self.batches.append((argv[:-1], []))
+            paths = self.batches[-1][1]
+            return lambda p, n, r, d: paths.append(p) is None
+        return lambda p, n, r, d: self.run_exec([a.replace("{}", p) for a in argv]) == 0
+
+    def run_exec(self, argv: list[str]) -> int:
+        sink = BufferSink(self.sh.file_limit)
+        code = self.sh.subshell().call(argv[0], argv[1:], IO(InStream(), sink, self.io.err), functions=False)
+        self.printed.append(sink.value())
+        return code
 
 
 def cmd_find(sh: Shell, args: list[str], io: IO) -> int:
@@ -216,18 +250,24 @@ def cmd_find(sh: Shell, args: list[str], io: IO) -> int:
             status = 1
             continue
         _visit(sh, parser, pred, start, r, 0, io)
+    for argv, paths in parser.batches:
+        if paths:
+            parser.printed.clear()
+            status = 1 if parser.run_exec(argv + paths) else status
+            io.out.write("".join(parser.printed))
     return status
 
 
 def _visit(sh: Shell, fp: _FindParser, pred: Pred, path: str, r: Resolved, depth: int, io: IO) -> None:
     name = posixpath.basename(path.rstrip("/")) or path
+    fp.pruned = False
     if depth >= fp.mindepth:
         fp.printed.clear()
         if pred(path, name, r, depth) and not fp.has_action:
             io.out.write(path + "\n")
         elif fp.printed:
             io.out.write("".join(fp.printed))
-    if sh.fs.is_dir(r) and (fp.maxdepth is None or depth < fp.maxdepth):
+    if sh.fs.is_dir(r) and not fp.pruned and (fp.maxdepth is None or depth < fp.maxdepth):
         for child in sh.fs.listdir(r):
             cpath = path + child if path.endswith("/") else f"{path}/{child}"
             _visit(sh, fp, pred, cpath, sh.resolve(cpath), depth + 1, io)

@@ -173,6 +173,8 @@ class Lexer:
             while self.peek() not in ("", "\n"):
                 self.i += 1
             return self.next_token()
+        if c in "<>" and self.peek(1) == "(":
+            return self._read_process_substitution()
         for op in REDIR_OPS:
             if self.src.startswith(op, self.i):
                 self.i += len(op)
@@ -333,6 +335,19 @@ class Lexer:
             return [Part(name, quoted, var=True)]
         self.i += 1
         return [Part("$", quoted)]
+
+    def _read_process_substitution(self) -> Token:
+        """``<(list)``: a word naming a file that holds the list's output (``>(...)`` is not
+        emulated)."""
+        start, line = self.i, self.line
+        if self.peek() == ">":
+            raise Unsupported("output process substitution >(...)")
+        end = _subst_end(self.src, self.i + 2, self.line)
+        text = self.src[self.i + 2:end]
+        self.line += text.count("\n")
+        self.i = end + 1
+        raw = self.src[start:self.i]
+        return Token("word", Word([Part(text, False, var=True, op="<(")], raw), line, raw)
 
     def _read_backquote(self, quoted: bool) -> Part:
         """`` `...` ``: the text up to the next unescaped backquote, with ``\\$``, ``\\` `` and
@@ -901,12 +916,8 @@ class Parser:
         fd = tok.fd if tok.fd is not None else (0 if op.startswith("<") else 1)
         if op == "<>":
             raise Unsupported("<> redirection")
-        if op == "<" and self.lexer.peek() == "(":
-            raise Unsupported("process substitution <(...)")
         self._advance()
         target = self.tok
-        if target.kind == "op" and target.value == "(":
-            raise Unsupported("process substitution")
         if target.kind != "word":
             raise self._error_near(target)
         assert isinstance(target.value, Word)

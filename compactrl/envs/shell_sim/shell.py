@@ -263,6 +263,7 @@ class Shell:
         self.exported: set[str] = set(env)
         self.functions: dict[str, Compound] = {}
         self.positional: list[str] = []
+        self.arg0 = "bash"
         self.scopes: list[dict[str, str | None]] = []  # per function call: saved outer values
         self.options: set[str] = set()  # "errexit", "nounset", "pipefail"
         self.errexit_off = 0  # > 0 in conditions, where a failure must not exit
@@ -298,6 +299,7 @@ class Shell:
         self.errexit_off, self.loop_depth, self.status = 0, 0, 0
         self.limits = limits or Limits()
         self.timed_out = False
+        self.fs.fds.clear()
         out, err = TerminalSink(self.term, 1), TerminalSink(self.term, 2)
         result, warnings = parse(src)
         try:
@@ -318,10 +320,10 @@ class Shell:
             self.timed_out = True
         return self.status
 
-    def run_group(self, group: list[AndOr], out: Sink, err: Sink) -> None:
+    def run_group(self, group: list[AndOr], out: Sink, err: Sink, inp: InStream | None = None) -> None:
         """One top-level complete command; an expansion error abandons the rest of it."""
         try:
-            self.status = self.run_list(group, InStream(), out, err)
+            self.status = self.run_list(group, inp or InStream(), out, err)
         except AbortCommand as exc:
             self.status = exc.code
         except LoopControl:
@@ -570,7 +572,7 @@ class Shell:
         if name == "$":
             return "4242"
         if name == "0":
-            return "bash"
+            return self.arg0
         if name in ("@", "*"):
             return " ".join(self.positional)
         if name.isdigit():
@@ -620,6 +622,8 @@ class Shell:
             return self.command_substitution(p.text)
         if p.op == "$((":
             return str(self.arith(p.text))
+        if p.op == "<(":
+            return self.process_substitution(p.text)
         if p.op == "bad":
             self.shell_error(TerminalSink(self.term, 2), f"${{{p.text}}}: bad substitution")
             raise AbortCommand(1)
@@ -671,6 +675,16 @@ class Shell:
             pass
         self.subst_status = self.status = sub.status  # `$?` later in the same command sees it
         return sink.value().rstrip("\n")
+
+    def process_substitution(self, src: str) -> str:
+        """``<(src)``: the output of ``src`` behind a ``/dev/fd/N`` name, as bash gives it (63 first)."""
+        sub = self.subshell()
+        sink = BufferSink(self.file_limit)
+        for group in parse(src)[0].groups:
+            sub.run_group(group, sink, TerminalSink(self.term, 2))
+        path = f"/dev/fd/{63 - len(self.fs.fds)}"
+        self.fs.fds[path] = sink.value()
+        return path
 
     def _fields_of(self, p: Part) -> list[str] | None:
         """``"$@"``: one field per positional parameter (None for any other part)."""
