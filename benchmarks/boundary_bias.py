@@ -3,7 +3,8 @@
 Prints the table docs/credit_assignment.md quotes: for each lambda, the expected advantage of a
 summary that kept the right value minus that of one that kept a look-alike, with a perfect
 critic, under ``boundary="bootstrap"`` and ``"cut"`` (see :mod:`compactrl.algos.boundary_bias`),
-each cross-checked against ``trace_gae`` on the MDP's four trajectories. A second table varies how
+and the SD of that advantage around its mean (the outcome's noise that reaches the summary), each
+cross-checked against ``trace_gae`` on the MDP's four trajectories. A second table varies how
 many policy tokens of the next trace hide which value was kept.
 
     python benchmarks/boundary_bias.py
@@ -24,20 +25,18 @@ from compactrl.algos.boundary_bias import (
 )
 
 
-def trace_gae_gap(chain: SummaryChain, lmbda, boundary: str, alpha: float) -> float:
-    a = trace_gae_summary_advantage(chain, lmbda, boundary, alpha=alpha)
-    return a["right"] - a["wrong"]
-
-
 def lambda_table(chain: SummaryChain, lambdas, alpha: float) -> list[str]:
-    lines = ["| lambda | bootstrap gap | (trace_gae) | cut gap | (trace_gae) | ideal |", "|---|---|---|---|---|---|"]
+    lines = ["| lambda | bootstrap gap | bootstrap SD | (trace_gae gap, SD) | cut gap | cut SD | (trace_gae gap, SD) "
+             "| ideal gap |", "|---|---|---|---|---|---|---|---|"]
     for row in gap_table(chain, lambdas, alpha=alpha):
         lam = row["lambda"]
         name = (f"adaptive 1 - 1/(1.5 l) (bootstrap {row['bootstrap_lambda']:.4f}, cut {row['cut_lambda']:.4f})"
                 if lam == ADAPTIVE else f"{lam:g}")
-        checks = [trace_gae_gap(chain, lam, b, alpha) for b in ("bootstrap", "cut")]
-        lines.append(f"| {name} | {row['bootstrap']:.3f} | {checks[0]:.3f} | {row['cut']:.3f} | {checks[1]:.3f} "
-                     f"| {row['ideal']:.3f} |")
+        cells = [name]
+        for b in ("bootstrap", "cut"):
+            m = trace_gae_summary_advantage(chain, lam, b, alpha=alpha)
+            cells += [f"{row[b]:.3f}", f"{row[b + '_sd']:.4f}", f"({m['right'] - m['wrong']:.3f}, {m['sd']:.4f})"]
+        lines.append("| " + " | ".join(cells) + f" | {row['ideal']:.3f} |")
     return lines
 
 
@@ -65,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     lambdas = [ADAPTIVE if s.strip() == ADAPTIVE else float(s) for s in args.lambdas.split(",")]
     print(f"MDP: {chain} -> {chain.length} policy tokens, {chain.length - 1 - chain.summary_at} "
           f"from the summary to the outcome\n")
+    print("Gap: E[A | right summary] - E[A | wrong summary] at the summary token; SD: the summary advantage's "
+          "SD around that mean (the outcome's noise that reaches it).\n")
     print("\n".join(lambda_table(chain, lambdas, args.alpha)))
     print(f"\nBootstrap gap by how many tokens of the next trace hide the kept value "
           f"({chain.hidden + chain.after} from the summary to the outcome in every row):\n")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["SummaryChain", "expected_summary_advantage", "advantage_gap", "ideal_gap", "gap_table",
+           "summary_advantage_sd",
            "trajectories", "trajectory_batch", "trace_gae_summary_advantage", "ADAPTIVE"]
 
 ADAPTIVE = "adaptive"
@@ -92,13 +93,13 @@ def _streams(chain: SummaryChain, boundary: str) -> list[tuple[int, int]]:
     raise ValueError(f"boundary: expected 'bootstrap' or 'cut', got {boundary!r}")
 
 
-def _expected_rewards(chain: SummaryChain, boundary: str, choice: str) -> np.ndarray:
-    """E[reward_t | choice]: the outcome at the last token; under cut also at the summary (the
-    rollout's reward at the end of every trace, ``cut_reward="episode"``)."""
+def _rewards(chain: SummaryChain, boundary: str, outcome: float) -> np.ndarray:
+    """Rewards given the outcome (or its expectation): at the last token; under cut also at the
+    summary (the rollout's reward at the end of every trace, ``cut_reward="episode"``)."""
     r = np.zeros(chain.length)
-    r[-1] = chain.success(choice)
+    r[-1] = outcome
     if boundary == "cut":
-        r[chain.summary_at] = chain.success(choice)
+        r[chain.summary_at] = outcome
     return r
 
 
@@ -121,7 +122,7 @@ def _returns(chain: SummaryChain, rewards: np.ndarray, boundary: str) -> np.ndar
 
 def perfect_values(chain: SummaryChain, boundary: str) -> dict[str, np.ndarray]:
     """Per choice, the value a perfect critic gives each step: E[return | what the state shows]."""
-    ret = {c: _returns(chain, _expected_rewards(chain, boundary, c), boundary) for c in CHOICES}
+    ret = {c: _returns(chain, _rewards(chain, boundary, chain.success(c)), boundary) for c in CHOICES}
     pooled = sum(chain.prior(c) * ret[c] for c in CHOICES)
     shown = _revealed(chain)
     return {c: np.where(shown, ret[c], pooled) for c in CHOICES}
@@ -139,6 +140,18 @@ def _lambdas(chain: SummaryChain, lmbda: float | str, boundary: str, alpha: floa
     return lam
 
 
+def _summary_gae(chain: SummaryChain, lam: np.ndarray, boundary: str, rewards: np.ndarray,
+                 values: np.ndarray) -> float:
+    """GAE's advantage at the summary token (every stream ends terminally)."""
+    ends = {end - 1 for _, end in _streams(chain, boundary)}
+    acc = 0.0
+    for t in range(chain.length - 1, chain.summary_at - 1, -1):
+        v_next = 0.0 if t in ends else values[t + 1]
+        carry = 0.0 if t in ends else chain.gamma * lam[t] * acc
+        acc = rewards[t] + chain.gamma * v_next - values[t] + carry
+    return float(acc)
+
+
 def expected_summary_advantage(chain: SummaryChain, lmbda: float | str, boundary: str = "bootstrap", *,
                                alpha: float = 1.5) -> dict[str, float]:
     """E[GAE advantage of the summary token | right / wrong summary], exactly.
@@ -148,17 +161,23 @@ def expected_summary_advantage(chain: SummaryChain, lmbda: float | str, boundary
     rewards with those values.
     """
     lam = _lambdas(chain, lmbda, boundary, alpha)
-    ends = {end - 1 for _, end in _streams(chain, boundary)}
-    out = {}
+    return {c: _summary_gae(chain, lam, boundary, _rewards(chain, boundary, chain.success(c)), v)
+            for c, v in perfect_values(chain, boundary).items()}
+
+
+def summary_advantage_sd(chain: SummaryChain, lmbda: float | str, boundary: str = "bootstrap", *,
+                         alpha: float = 1.5) -> float:
+    """SD of the summary's advantage around its mean for its choice, pooled over the choices by
+    their probability: the part of the outcome's noise that reaches the summary (exact, over the
+    outcome's two values)."""
+    lam = _lambdas(chain, lmbda, boundary, alpha)
+    var = 0.0
     for c, v in perfect_values(chain, boundary).items():
-        r = _expected_rewards(chain, boundary, c)
-        acc = 0.0
-        for t in range(chain.length - 1, chain.summary_at - 1, -1):
-            v_next = 0.0 if t in ends else v[t + 1]  # every stream ends terminally
-            carry = 0.0 if t in ends else chain.gamma * lam[t] * acc
-            acc = r[t] + chain.gamma * v_next - v[t] + carry
-        out[c] = float(acc)
-    return out
+        p = chain.success(c)
+        spread = _summary_gae(chain, lam, boundary, _rewards(chain, boundary, 1.0), v) - \
+            _summary_gae(chain, lam, boundary, _rewards(chain, boundary, 0.0), v)
+        var += chain.prior(c) * p * (1.0 - p) * spread**2
+    return math.sqrt(var)
 
 
 def advantage_gap(chain: SummaryChain, lmbda: float | str, boundary: str = "bootstrap", *,
@@ -174,12 +193,14 @@ def ideal_gap(chain: SummaryChain) -> float:
 
 
 def gap_table(chain: SummaryChain, lambdas=(0.95, 0.99, ADAPTIVE, 1.0), *, alpha: float = 1.5) -> list[dict]:
-    """One row per lambda: the gap under bootstrap and under cut, and the lambda used on each stream."""
+    """One row per lambda: the gap and the advantage's SD under bootstrap and under cut, and the
+    lambda used on each stream."""
     rows = []
     for lam in lambdas:
         row = {"lambda": lam, "ideal": ideal_gap(chain)}
         for boundary in ("bootstrap", "cut"):
             row[boundary] = advantage_gap(chain, lam, boundary, alpha=alpha)
+            row[f"{boundary}_sd"] = summary_advantage_sd(chain, lam, boundary, alpha=alpha)
             row[f"{boundary}_lambda"] = float(_lambdas(chain, lam, boundary, alpha)[chain.summary_at])
         rows.append(row)
     return rows
@@ -230,18 +251,21 @@ def trajectory_batch(chain: SummaryChain, boundary: str = "bootstrap"):
 
 def trace_gae_summary_advantage(chain: SummaryChain, lmbda: float | str, boundary: str = "bootstrap", *,
                                 alpha: float = 1.5) -> dict[str, float]:
-    """:func:`expected_summary_advantage` measured instead: ``trace_gae`` on :func:`trajectory_batch`,
-    the summary token's advantage averaged over the trajectories of each choice by their probability
-    (NaN for a choice of probability 0)."""
+    """:func:`expected_summary_advantage` and :func:`summary_advantage_sd` measured instead:
+    ``trace_gae`` on :func:`trajectory_batch`, the summary token's advantage averaged over the
+    trajectories of each choice by their probability (NaN for a choice of probability 0), and
+    ``"sd"`` its pooled within-choice SD."""
     from compactrl.algos.gae import trace_gae
 
     batch = trajectory_batch(chain, boundary)
     kwargs = {"length_adaptive_alpha": alpha} if lmbda == ADAPTIVE else {"lmbda": lmbda}
     trace_gae(batch, gamma=chain.gamma, boundary=boundary, truncation="terminal", **kwargs)
     at_summary = batch["advantage"][batch["summary_mask"]].double().tolist()  # one per episode, in order
-    out = {}
+    out, var = {}, 0.0
     for c in CHOICES:
         paths = [(p, a) for (p, choice, _), a in zip(trajectories(chain), at_summary) if choice == c]
         weight = sum(p for p, _ in paths)
         out[c] = sum(p * a for p, a in paths) / weight if weight > 0 else math.nan
+        var += sum(p * (a - out[c]) ** 2 for p, a in paths) if weight > 0 else 0.0
+    out["sd"] = math.sqrt(var)
     return out

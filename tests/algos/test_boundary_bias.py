@@ -14,6 +14,7 @@ from compactrl.algos.boundary_bias import (
     expected_summary_advantage,
     gap_table,
     ideal_gap,
+    summary_advantage_sd,
     trace_gae_summary_advantage,
     trajectories,
     trajectory_batch,
@@ -43,6 +44,18 @@ def test_default_chain_reproduces_the_reference_figures():
 @given(chain=chains, lmbda=st.floats(0.0, 1.0))
 def test_bootstrap_gap_is_lambda_to_the_hidden_steps_times_the_ideal(chain, lmbda):
     assert advantage_gap(chain, lmbda) == pytest.approx(lmbda**chain.hidden * ideal_gap(chain), abs=1e-12)
+
+
+@given(chain=chains, lmbda=lambdas)
+def test_outcome_noise_reaches_the_summary_through_every_step_to_the_end(chain, lmbda):
+    """Under bootstrap the outcome's draw reaches the summary with weight lambda^(hidden + after)
+    (the noise is discounted over a longer way than the signal); under cut with weight 1."""
+    cut = summary_advantage_sd(chain, lmbda, "cut")
+    pooled = sum(chain.prior(c) * chain.success(c) * (1 - chain.success(c)) for c in ("right", "wrong"))
+    assert cut == pytest.approx(pooled**0.5, abs=1e-12)
+    if lmbda != ADAPTIVE:
+        steps = chain.hidden + chain.after
+        assert summary_advantage_sd(chain, lmbda, "bootstrap") == pytest.approx(lmbda**steps * cut, abs=1e-12)
 
 
 @given(chain=discounted, grid=st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6))
@@ -86,6 +99,7 @@ def test_exact_computation_agrees_with_trace_gae_on_the_enumerated_trajectories(
     for c in ("right", "wrong"):
         if chain.prior(c) > 0:
             assert measured[c] == pytest.approx(expected[c], abs=1e-5)
+    assert measured["sd"] == pytest.approx(summary_advantage_sd(chain, lmbda, boundary), abs=1e-5)
     batch = trajectory_batch(chain, boundary)
     assert torch.equal(batch["summary_mask"].sum(-1), torch.tensor([1, 0] * 4))
     assert torch.equal(batch["episode_reward"], torch.tensor([1.0, 1.0, 0.0, 0.0] * 2))
@@ -111,5 +125,6 @@ def test_benchmark_prints_the_table_with_matching_trace_gae_columns(capsys):
 
     assert bench.main(["--lambdas", "0.95,adaptive,1"]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.95")]
-    boot, boot_check, cut, cut_check = (float(x) for x in rows[0][1:5])
-    assert boot == boot_check == 0.012 and cut == cut_check == 0.55
+    boot, boot_sd, boot_check, cut, cut_sd, cut_check = (x.strip() for x in rows[0][1:7])
+    assert (boot, boot_sd, boot_check) == ("0.012", "0.0006", "(0.012, 0.0006)")
+    assert (cut, cut_sd, cut_check) == ("0.550", "0.4168", "(0.550, 0.4168)")
