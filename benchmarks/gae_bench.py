@@ -2,8 +2,14 @@
 
     python benchmarks/gae_bench.py                 # T = 1e3 .. 1e6, both (gamma, lambda) settings
     python benchmarks/gae_bench.py --sizes 1000 100000 --repeats 20 --threads 1
+    python benchmarks/gae_bench.py --threads-table # gae's threading: default vs one thread, idle and loaded
 
 One stream of T tokens (batch 1) with episode ends at random (1 in 10^4 tokens) and at the end.
+``--threads-table`` instead times compactrl's ``gae`` alone, (gamma, lambda) = (0.99, 0.95), as a
+user calls it (torch's default threads; ``gae`` picks its own, ``compactrl.algos.gae.THREADS``),
+with ``torch.set_num_threads(1)``, and with torch's threads inside the scan (``THREADS = None``,
+the behaviour before ``gae`` picked), on the machine as it is ("idle") and with
+``--burners`` CPU-burning processes that the benchmark starts itself ("loaded").
 Every method gets the same inputs; the table shows tokens per second (best of ``--repeats`` runs,
 the machine is shared; the median is in ``--json``). Entries marked ``~`` were not run because
 the previous size predicts more than ``--cap`` seconds; they are extrapolated from the last two
@@ -13,12 +19,15 @@ measured sizes (TorchRL's vectorised GAE costs O(T^2) when gamma * lambda is nea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import multiprocessing
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torchrl.objectives.value.functional import (
@@ -26,6 +35,7 @@ from torchrl.objectives.value.functional import (
     vec_generalized_advantage_estimate,
 )
 
+from compactrl.algos import gae as gae_module
 from compactrl.algos.gae import gae
 
 
@@ -201,6 +211,80 @@ def _errors(rows: list[dict]) -> dict:
     return out
 
 
+def _burn(stop) -> None:
+    while not stop.is_set():
+        pass
+
+
+@contextlib.contextmanager
+def cpu_burners(n: int) -> Iterator[None]:
+    """``n`` processes spinning on a CPU each for the duration of the block (the "loaded" case)."""
+    ctx = multiprocessing.get_context("fork")  # the children never touch torch
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_burn, args=(stop,), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+
+
+THREAD_MODES = ("default", "one thread", "torch threads in the scan")
+
+
+@contextlib.contextmanager
+def thread_mode(mode: str, default_threads: int) -> Iterator[None]:
+    """``default``: as a user calls ``gae``; ``one thread``: ``torch.set_num_threads(1)``;
+    ``torch threads in the scan``: ``gae.THREADS = None`` (torch's threads, as before ``gae`` picked)."""
+    saved = gae_module.THREADS
+    torch.set_num_threads(1 if mode == "one thread" else default_threads)
+    gae_module.THREADS = None if mode == "torch threads in the scan" else saved
+    try:
+        yield
+    finally:
+        gae_module.THREADS = saved
+        torch.set_num_threads(default_threads)
+
+
+def _gae_call(r, v, d):
+    return gae(r, v, d, gamma=0.99, lmbda=0.95)
+
+
+def threads_table(sizes: list[int], repeats: int, burners: int) -> tuple[list[dict], str]:
+    """Tokens/s of ``gae`` per size, thread mode and load; rows and a markdown table."""
+    default_threads = torch.get_num_threads()
+    rows = []
+    for load in ("idle", "loaded"):
+        with cpu_burners(burners if load == "loaded" else 0):
+            for t in sizes:
+                r, v, d, _ = make_stream(t)
+                times: dict[str, list[float]] = {mode: [] for mode in THREAD_MODES}
+                # default and one thread interleaved (each sees the same load; rep 0 warms up); torch's
+                # threads after, on their own: their idle workers spin for a while and would slow the others
+                for modes in (THREAD_MODES[:2], THREAD_MODES[2:]):
+                    for rep in range(repeats + 1):
+                        for mode in modes:
+                            with thread_mode(mode, default_threads):
+                                took = time_it(_gae_call, (r, v, d), 1, False, time.perf_counter)[0]
+                            times[mode] += took if rep else []
+                for mode, ts in times.items():
+                    rows.append(dict(load=load, T=t, mode=mode, seconds=min(ts), median=statistics.median(ts)))
+                    print(f"  {load} T={t:>8} {mode:26s} {t / min(ts):10.3e} tokens/s", file=sys.stderr)
+    head = " | ".join(f"{load}: {m}" for load in ("idle", "loaded") for m in THREAD_MODES)
+    lines = [f"| T | {head} | loaded: one thread / default |", "|---:|" + "---:|" * (2 * len(THREAD_MODES) + 1)]
+    for t in sizes:
+        cell = {(r["load"], r["mode"]): t / r["seconds"] for r in rows if r["T"] == t}
+        ratio = cell[("loaded", "one thread")] / cell[("loaded", "default")]
+        values = " | ".join(f"{cell[(load, m)]:.2e}" for load in ("idle", "loaded") for m in THREAD_MODES)
+        lines.append(f"| {t:.0e} | {values} | {ratio:.2f} |")
+    return rows, "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[10**3, 10**4, 10**5, 10**6])
@@ -214,9 +298,22 @@ def main(argv: list[str] | None = None) -> int:
         default="wall",
         help="wall: elapsed time; cpu: CPU time of the calling thread (use with --threads 1 on a shared machine)",
     )
+    p.add_argument("--threads-table", action="store_true",
+                   help="time gae's threading (default vs one thread, idle and loaded) instead")
+    p.add_argument("--burners", type=int, default=1, help="CPU-burning processes in the loaded case")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.threads_table:
+        rows, text = threads_table(args.sizes, args.repeats, args.burners)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} default threads, {os.cpu_count()} CPUs, "
+              f"load average before {os.getloadavg()[0]:.1f}, {args.burners} burner(s) when loaded; "
+              "gae tokens/s, best of the repeats, (gamma, lambda) = (0.99, 0.95)")
+        print(text)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     settings = [(0.99, 0.95), (1.0, 0.9999)]
     rows = run(args.sizes, settings, args.repeats, args.cap, CLOCKS[args.clock])
     print(

@@ -18,6 +18,12 @@ GEMM); the values at the block starts form a recurrence ``_BLOCK`` times shorter
 way, and each block's carry is folded into its last step before the GEMM. Streams of at most
 ``_SCALAR_MAX`` steps (also the short carry streams of deeper levels) take a float64 scalar loop.
 Per-token lambda takes a log-step scan within every block.
+
+Threads: :func:`gae` and :func:`trace_gae` run with :data:`THREADS` intra-op threads (one by default)
+and restore the caller's setting after. The scan is a chain of short, memory-bound torch calls; with
+several threads each call waits for its workers to wake, which on a machine whose other cores are
+busy costs more than the work (measured with one of two cores busy: 1.6e7 tokens/s with torch's two
+threads vs 1.5e8 with one, at 1e6 tokens; ``benchmarks/gae_bench.py --threads-table``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,31 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["gae", "gae_loop", "trace_gae", "length_adaptive_lambda"]
+__all__ = ["gae", "gae_loop", "trace_gae", "length_adaptive_lambda", "THREADS"]
+
+THREADS: int | None = 1
+"""Intra-op threads :func:`gae` and :func:`trace_gae` run with (``None``: the caller's torch setting).
+
+One by default: the scan never gains enough from more threads to pay for waking them on a busy
+machine (see the module docstring). ``torch.set_num_threads`` is per calling thread with OpenMP, so
+this does not slow other threads of the process."""
+
+
+def _with_threads(fn):
+    """Run ``fn`` with :data:`THREADS` intra-op threads, restoring the caller's number after."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        before = torch.get_num_threads()
+        if THREADS is None or before <= THREADS:
+            return fn(*args, **kwargs)
+        torch.set_num_threads(THREADS)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return run
 
 _BLOCK = 32
 """Steps per block. 32 balances the GEMM's K (work per token) against the number of levels."""
@@ -235,6 +265,7 @@ def _validate(reward, value, done, terminated, next_value, lmbda) -> None:
         raise ValueError("terminated must imply done (a terminated step ends its episode)")
 
 
+@_with_threads
 def gae(
     reward: torch.Tensor,
     value: torch.Tensor,
@@ -394,6 +425,7 @@ def _require(batch: TensorDictBase, keys: tuple[str, ...]) -> None:
         raise ValueError(f"trace batch lacks {missing}; it has {sorted(batch.keys())}")
 
 
+@_with_threads
 def trace_gae(
     batch: TensorDictBase,
     *,
@@ -401,7 +433,7 @@ def trace_gae(
     lmbda: float | None = None,
     boundary: Boundary = "bootstrap",
     length_adaptive_alpha: float | None = None,
-    truncation: Truncation = "bootstrap_last",
+    truncation: Truncation = "terminal",
     value_lmbda: float | None = None,
     cut_reward: CutReward = "episode",
 ) -> TensorDictBase:
@@ -417,8 +449,9 @@ def trace_gae(
       other frameworks do) the rollout's ``episode_reward`` sits on the last policy token of every
       trace and the per-token rewards are ignored; ``cut_reward="trace"`` keeps each trace's own rewards.
     * An episode that was not ``terminated`` has no next state to value. ``truncation="bootstrap_last"``
-      (default) bootstraps its end from its own last value (``delta = r + (gamma - 1) V_last``);
-      ``"terminal"`` treats the end as terminal, right when the limit is part of the task.
+      bootstraps its end from its own last value (``delta = r + (gamma - 1) V_last``);
+      ``"terminal"`` (default, as ``RLConfig.truncation``) treats the end as terminal, right when
+      the limit is part of the task.
     * Exactly one of ``lmbda`` and ``length_adaptive_alpha``: the latter sets, per stream,
       ``lambda = 1 - 1/(alpha * n)`` with ``n`` the policy tokens of the episode (bootstrap) or of the
       trace (cut). ``value_lmbda`` decouples the critic's target (e.g. 1.0, as in VAPO) from the

@@ -226,3 +226,55 @@ def test_length_adaptive_lambda():
     assert math.isclose(float(length_adaptive_lambda(torch.tensor([100]), 1.0)), 0.99)
     with pytest.raises(ValueError, match="alpha"):
         length_adaptive_lambda(torch.tensor([3]), 0.0)
+
+
+@pytest.mark.parametrize("fn", ["gae", "trace_gae"])
+def test_gae_runs_with_its_own_threads_and_restores_the_callers(monkeypatch, fn):
+    """The scan runs with ``THREADS`` intra-op threads (1: it collapses on a busy machine with
+    more) and the caller's setting is back after, also when the solver raises."""
+    seen = []
+    real = gae_module._const_scan
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gae_module, "_const_scan", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r, v = torch.randn(2000, dtype=torch.float64), torch.randn(2000, dtype=torch.float64)
+        d = torch.zeros(2000, dtype=torch.bool)
+        d[-1] = True
+        if fn == "gae":
+            expected = gae_loop(r, v, d, gamma=0.99, lmbda=0.95)[0]
+            assert torch.allclose(gae(r, v, d, gamma=0.99, lmbda=0.95)[0], expected)
+        else:
+            _trace_batch_gae()
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+        monkeypatch.setattr(gae_module, "THREADS", None)  # the caller's threads, as before it picked
+        gae(r, v, d, gamma=0.99, lmbda=0.95)
+        assert seen[-1] == 2
+        monkeypatch.setattr(gae_module, "THREADS", 1)
+        with pytest.raises(ValueError):
+            gae(r, v, d, gamma=1.5, lmbda=0.95)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def _trace_batch_gae():
+    from tensordict import TensorDict
+
+    from compactrl.algos.gae import trace_gae
+
+    n, width = 2, 1200
+    policy = torch.zeros(n, width, dtype=torch.bool)
+    policy[:, 100:] = True
+    batch = TensorDict({
+        "value": torch.randn(n, width), "reward": torch.zeros(n, width), "policy_mask": policy,
+        "episode_id": torch.tensor([0, 0]), "trace_index": torch.tensor([0, 1]),
+        "terminated": torch.tensor([True, True]),
+    }, batch_size=[n])
+    trace_gae(batch, gamma=1.0, lmbda=0.95)
+    assert batch["advantage"][:, 100:].abs().sum() > 0
