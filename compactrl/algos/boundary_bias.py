@@ -265,7 +265,7 @@ def trace_gae_summary_advantage(chain: SummaryChain, lmbda: float | str, boundar
     for c in CHOICES:
         paths = [(p, a) for (p, choice, _), a in zip(trajectories(chain), at_summary) if choice == c]
         weight = sum(p for p, _ in paths)
-        out[c] = sum(p * a for p, a in paths) / weight if weight > 0 else math.nan
+        out[c] = sum(p / weight * a for p, a in paths) if weight > 0 else math.nan  # p / weight: no underflow
         var += sum(p * (a - out[c]) ** 2 for p, a in paths) if weight > 0 else 0.0
     out["sd"] = math.sqrt(var)
     return out

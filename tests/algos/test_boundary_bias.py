@@ -97,7 +97,7 @@ def test_exact_computation_agrees_with_trace_gae_on_the_enumerated_trajectories(
     expected = expected_summary_advantage(chain, lmbda, boundary)
     assert sum(p for p, _, _ in trajectories(chain)) == pytest.approx(1.0)
     for c in ("right", "wrong"):
-        if chain.prior(c) > 0:
+        if chain.prior(c) > 1e-9:  # below, the trajectories' probabilities underflow
             assert measured[c] == pytest.approx(expected[c], abs=1e-5)
     assert measured["sd"] == pytest.approx(summary_advantage_sd(chain, lmbda, boundary), abs=1e-5)
     batch = trajectory_batch(chain, boundary)
