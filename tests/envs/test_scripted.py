@@ -78,8 +78,8 @@ def test_oracle_is_a_pure_function_of_its_request():
 
 
 def test_oracle_works_under_the_context_budget_wrapper():
-    ContextBudget = pytest.importorskip("compactrl.wrappers.context_budget").ContextBudget
     from compactrl.evaluation import evaluate
+    from compactrl.wrappers.context_budget import ContextBudget
 
     def make(**kwargs):
         return ContextBudget(CodeRepoEnv(**kwargs), budget=2048, max_compactions=8)

@@ -65,35 +65,41 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
-    """SIGKILL a CLI run mid-way (after iteration 2's row), then --resume to the end."""
+    """SIGKILL a CLI run mid-way (after iteration 2's row), then --resume it to two iterations past its checkpoint.
+
+    The run is started with far more iterations than it can do within the test's timeout, so the kill
+    always lands in a running run: there is no race with a run that ends on its own.
+    """
     out = tmp_path / "run"
-    iterations = 4
     cmd = [sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--out", str(out),
-           "--no-progress", "--rl.iterations", str(iterations), "--eval.every", "2"]
+           "--no-progress", "--rl.iterations", "1000", "--eval.every", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 200
+    deadline = time.monotonic() + 200
     try:
-        while time.time() < deadline and proc.poll() is None:
-            if len(RunDir(out).rows()) >= 3:  # rows 0-2 written, so checkpoint 1 exists
-                break
+        # bounded poll of the metrics file the run appends to: rows 0-2 written, so checkpoint 1 exists
+        while time.monotonic() < deadline and proc.poll() is None and len(RunDir(out).rows()) < 3:
             time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before it could be killed"
+        assert proc.poll() is None, f"the run exited with {proc.returncode} before iteration 2's row"
+        assert len(RunDir(out).rows()) >= 3, "no row for iteration 2 within 200 s"
         proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        assert proc.wait(30) == -signal.SIGKILL  # it died of the kill, it did not finish
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait(30)
     killed_rows = RunDir(out).rows()
     covered = RunDir(out).load_checkpoint()["rows"]  # rows of the iterations the checkpoint holds
-    assert 2 <= covered <= len(killed_rows) < iterations + 1
+    assert 2 <= covered <= len(killed_rows)
+    target = covered + 1  # the checkpoint holds iterations 0 .. covered - 1: two more
     resumed = subprocess.run([sys.executable, "-m", "compactrl.cli", "train", "--resume", "--out", str(out),
-                              "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                              "--no-progress", "--rl.iterations", str(target)],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = RunDir(out).rows()
-    assert [r["iteration"] for r in rows] == list(range(iterations + 1))
+    assert [r["iteration"] for r in rows] == list(range(target + 1))
     assert rows[:covered] == killed_rows[:covered]  # checkpointed iterations are kept, not redone
-    assert RunDir(out).load_checkpoint()["iteration"] == iterations
+    assert RunDir(out).load_checkpoint()["iteration"] == target
     assert not list(out.glob(".*.tmp"))
 
 
