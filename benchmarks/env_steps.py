@@ -59,13 +59,13 @@ def context_tokens(transcripts, tokenizer) -> list[int]:
 
 
 def wrapped(difficulty: str, quality: float, episodes: int) -> dict:
-    from compactrl.evaluation import evaluate
+    from compactrl.eval import evaluate
     from compactrl.wrappers.context_budget import ContextBudget
 
     def make(**kwargs):
         return ContextBudget(CodeRepoEnv(**kwargs), budget=2048, max_compactions=64)
 
-    return evaluate(make, OraclePolicy(summary_quality=quality), episodes=episodes, env_kwargs={"difficulty": difficulty})
+    return evaluate(make, OraclePolicy(summary_quality=quality), episodes=episodes, env_kwargs={"difficulty": difficulty})[0]
 
 
 def main() -> None:
@@ -113,7 +113,7 @@ def main() -> None:
     for difficulty in difficulties:
         for quality in (1.0, 0.0):
             r = wrapped(difficulty, quality, n)
-            print(f"{difficulty:<10} {quality:>7.1f} {r['success_rate']:>8.2f} {r['mean_num_compactions']:>12.1f} {r['mean_turns']:>6.1f}")
+            print(f"{difficulty:<10} {quality:>7.1f} {r['success_rate']:>8.2f} {r['compactions_per_episode']:>12.1f} {r['turn_per_episode']:>6.1f}")
 
 
 if __name__ == "__main__":

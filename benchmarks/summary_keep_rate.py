@@ -33,8 +33,8 @@ def probe(model_dir: str, *, temperature: float, episodes: int, seed: int) -> di
     from transformers import AutoModelForCausalLM
 
     from compactrl.algos.config import preset
-    from compactrl.algos.evaluate import evaluate_policy
     from compactrl.algos.trainer import make_env_fns
+    from compactrl.eval import evaluate_policy
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
 

@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tensordict import TensorDict
@@ -48,6 +48,14 @@ EnvFn = Callable[[], Any]
 _CONFIG_ERRORS = (ValueError, TypeError)
 """Raised for a bad configuration or a policy bug (e.g. token ids outside the vocabulary): these
 propagate. Every other exception from an env is an infrastructure failure the collection survives."""
+
+_NOT_FINAL_INFO = frozenset({
+    "trace", "prompt_token_ids", "max_new_tokens", "compaction_required", "compacted", "trace_index",
+    "context_tokens", "clipped_tokens", "tool", "task", "task_id", "success", "sandbox_error", "num_traces",
+    "num_compactions", "summary_tokens",
+})
+"""Keys of a final ``info`` that :attr:`EpisodeStats.info` leaves out: per-step bookkeeping of the
+wrapper, and figures that :class:`EpisodeStats` has a field for (one name per figure)."""
 
 _MAX_TRACELESS_EPISODES = 64
 """Episodes of one batch that may end without a finished trace before collection gives up."""
@@ -100,6 +108,10 @@ class EpisodeStats:
     """Time spent inside ``env.reset``/``env.step``."""
     wall_clock_s: float = 0.0
     """From reset to the end of the episode (includes waiting for other envs of a round)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Scalar entries (numbers, strings) of the env's last ``info``, e.g. ``format_errors``,
+    ``tests_passed``, ``context_tokens_max``, ``test_summary``; without the wrapper's per-step
+    bookkeeping and without what a field above already holds (see :data:`_NOT_FINAL_INFO`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +122,14 @@ class _Episode:
     stats: EpisodeStats
     traces: list[Trace] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+
+
+class _Planned(NamedTuple):
+    """An episode not started yet: what its ``reset`` receives."""
+
+    group_id: int
+    task_seed: int
+    options: dict[str, Any] | None
 
 
 @dataclass
@@ -173,6 +193,7 @@ class TraceCollector:
         self._next_episode_id = 0
         self._next_group_id = 0
         self._batches = 0
+        self._fixed_plan = False
         self.set_seed(seed)
         self.last_episode_stats: list[EpisodeStats] = []
         """Per-episode statistics of the most recent batch, in episode-id order."""
@@ -249,10 +270,35 @@ class TraceCollector:
 
     def next(self) -> TensorDict:
         """Collect one batch of whole episodes and return its trace batch."""
-        episodes = self._collect_episodes()
+        episodes = self._collect_episodes(deque(), fixed=False)
         self._batches += 1
+        return self._batch(episodes)
+
+    def collect(self, reset_options: Sequence[dict[str, Any] | None]) -> TensorDict | None:
+        """Run exactly one episode per entry of ``reset_options``; returns their trace batch.
+
+        Episode ``i`` resets with ``options=reset_options[i]`` (merged over the constructor's
+        ``reset_options``) and the next seed of the task-seed stream; each is its own group. This
+        is how a fixed list of tasks is run (``{"task": task}`` per entry): every entry runs once
+        and is never replaced, and ``last_episode_stats`` holds one record per entry, in order.
+        Unlike :meth:`next`, a ``ValueError``/``TypeError`` raised by ``env.reset`` or ``env.step``
+        is recorded as that episode's failure (``sandbox_error``) rather than propagated: each
+        entry is another task, and one that the backend cannot run or the budget cannot hold says
+        nothing about the others. Errors from an env's constructor propagate as in :meth:`next`.
+        Returns ``None`` when no episode finished a trace.
+        """
+        plan: deque[_Planned] = deque()
+        for options in reset_options:
+            plan.append(_Planned(self._next_group_id, self._draw_seed(), {**(self.reset_options or {}), **(options or {})}))
+            self._next_group_id += 1
+        episodes = self._collect_episodes(plan, fixed=True)
+        return self._batch(episodes)
+
+    def _batch(self, episodes: list[_Episode]) -> TensorDict | None:
         self.last_episode_stats = [ep.stats for ep in episodes]
         self.last_batch_stats = summarize_episodes(self.last_episode_stats)
+        if not any(ep.traces for ep in episodes):
+            return None
         rows = [
             (EpisodeMeta(ep.stats.episode_id, ep.stats.group_id, ep.stats.terminated, ep.stats.truncated),
              ep.traces)
@@ -261,12 +307,13 @@ class TraceCollector:
         ]
         return stack_traces(rows, pad_id=self.pad_id)
 
-    def _collect_episodes(self) -> list[_Episode]:
-        pending: deque[tuple[int, int]] = deque()  # (group_id, task_seed) of episodes not started
+    def _collect_episodes(self, pending: deque[_Planned], *, fixed: bool) -> list[_Episode]:
+        """Run the episodes of ``pending``; unless ``fixed``, plan more from the task-seed stream."""
+        self._fixed_plan = fixed
         planned = 0
         finished: list[_Episode] = []
         while True:
-            if self._want_more(planned, finished, pending):
+            if not fixed and self._want_more(planned, finished, pending):
                 self._extend_plan(pending)
                 planned += self.group_size
                 continue
@@ -275,13 +322,9 @@ class TraceCollector:
             if busy:
                 finished.extend(self._round(busy))
             elif not pending:
-                if any(ep.traces for ep in finished):
+                if fixed or any(ep.traces for ep in finished):
                     break
-                if len(finished) >= _MAX_TRACELESS_EPISODES:
-                    raise RuntimeError(
-                        f"{len(finished)} episodes in a row ended without a finished trace; "
-                        "the environments are failing (see the logged sandbox errors)"
-                    )
+                _check_not_all_failing(finished)
                 self._extend_plan(pending)  # every episode failed before its first trace: go on
                 planned += self.group_size
         finished.sort(key=lambda ep: ep.stats.episode_id)
@@ -295,38 +338,40 @@ class TraceCollector:
             return False  # plan lazily: only when an env is free to start it
         return sum(ep.stats.trace_tokens for ep in finished) < self.tokens_per_batch
 
-    def _extend_plan(self, pending: deque) -> None:
+    def _draw_seed(self) -> int:
+        return int(self._rng.integers(0, 2**31 - 1))
+
+    def _extend_plan(self, pending: deque[_Planned]) -> None:
         group_id = self._next_group_id
         self._next_group_id += 1
-        task_seed = int(self._rng.integers(0, 2**31 - 1))
-        pending.extend((group_id, task_seed) for _ in range(self.group_size))
+        task_seed = self._draw_seed()
+        pending.extend(_Planned(group_id, task_seed, self.reset_options) for _ in range(self.group_size))
 
-    def _start_episodes(self, pending: deque) -> list[_Episode]:
+    def _start_episodes(self, pending: deque[_Planned]) -> list[_Episode]:
         """Reset idle envs with queued episodes; returns episodes whose reset failed."""
         failed = []
         for slot in self._slots:
             if not pending:
                 break
             if slot.episode is None:
-                group_id, task_seed = pending.popleft()
-                episode = self._reset(slot, group_id, task_seed)
+                episode = self._reset(slot, pending.popleft())
                 if episode is not None:
                     failed.append(episode)
         return failed
 
-    def _reset(self, slot: _Slot, group_id: int, task_seed: int) -> _Episode | None:
+    def _reset(self, slot: _Slot, plan: _Planned) -> _Episode | None:
         """Start an episode in ``slot``; returns it already ended when the reset failed."""
-        stats = EpisodeStats(episode_id=self._next_episode_id, group_id=group_id, task_seed=task_seed)
+        stats = EpisodeStats(episode_id=self._next_episode_id, group_id=plan.group_id, task_seed=plan.task_seed)
         self._next_episode_id += 1
         episode = _Episode(stats=stats)
         t0 = time.perf_counter()
         try:
             if slot.env is None:
                 slot.env = slot.env_fn()
-            slot.obs, slot.info = slot.env.reset(seed=task_seed, options=self.reset_options)
-        except _CONFIG_ERRORS:
-            raise
+            slot.obs, slot.info = slot.env.reset(seed=plan.task_seed, options=plan.options)
         except Exception as exc:  # noqa: BLE001 - infrastructure failure: end episode, go on
+            if not self._survivable(exc, built=slot.env is not None):
+                raise
             log.warning("env.reset failed (episode %d): %r", stats.episode_id, exc)
             stats.env_time_s += time.perf_counter() - t0
             self._fail(slot, episode, exc)
@@ -356,28 +401,11 @@ class TraceCollector:
                 finished.append(self._finish(slot))
         return finished
 
-    def _round(self, busy: list[_Slot]) -> list[_Episode]:
-        """One batched policy call for every waiting env, then one step each."""
-        done = [s for s in busy if s.info.get("_failed")]
-        waiting = [s for s in busy if not s.info.get("_failed")]
-        finished = [self._finish(s) for s in done]
-        if not waiting:
-            return finished
-        requests = [self._request(s) for s in waiting]
-        t0 = time.perf_counter()
-        actions = self.policy.act(requests)
-        gen_time = time.perf_counter() - t0
-        if len(actions) != len(requests):
-            raise ValueError(f"policy.act returned {len(actions)} responses for {len(requests)} requests")
-        for slot, req, action, share in zip(waiting, requests, actions, _time_shares(actions, gen_time)):
-            stats = slot.episode.stats
-            if req.compaction_required:
-                stats.summary_gen_time_s += share
-            else:
-                stats.other_gen_time_s += share
-            if self._step(slot, action):
-                finished.append(self._finish(slot))
-        return finished
+    def _survivable(self, exc: Exception, *, built: bool) -> bool:
+        """Whether an env's exception ends only its episode (see :meth:`collect` for a fixed plan)."""
+        if not isinstance(exc, _CONFIG_ERRORS):
+            return True
+        return self._fixed_plan and built  # a constructor's config error always propagates
 
     def _request(self, slot: _Slot) -> PolicyRequest:
         info = slot.info
@@ -396,9 +424,9 @@ class TraceCollector:
         t0 = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = slot.env.step(action)
-        except _CONFIG_ERRORS:
-            raise
         except Exception as exc:  # noqa: BLE001 - infrastructure failure: end episode, go on
+            if not self._survivable(exc, built=True):
+                raise
             stats.env_time_s += time.perf_counter() - t0
             log.warning("env.step failed (episode %d): %r", stats.episode_id, exc)
             self._fail(slot, slot.episode, exc)
@@ -409,6 +437,7 @@ class TraceCollector:
         self._take_traces(slot.episode, info)
         slot.obs, slot.info = obs, info
         if terminated or truncated:
+            stats.info = _final_info(info)
             stats.terminated, stats.truncated = bool(terminated), bool(truncated) and not terminated
             stats.success = bool(info.get("success", stats.reward > 0))
             if info.get("sandbox_error"):
@@ -420,8 +449,8 @@ class TraceCollector:
         return False
 
     def _take_traces(self, episode: _Episode, info: dict) -> None:
-        traces = info.get("traces") or ([info["trace"]] if info.get("trace") is not None else [])
-        for tr in traces:
+        tr = info.get("trace")
+        if tr is not None:
             episode.traces.append(tr)
             st = episode.stats
             st.num_traces += 1
@@ -471,12 +500,31 @@ def _validate(num_envs: int, episodes: int | None, tokens: int | None, batches: 
         raise ValueError(f"episodes_per_batch: expected a multiple of group_size={group}, got {episodes}")
 
 
+def _check_not_all_failing(finished: list[_Episode]) -> None:
+    if len(finished) >= _MAX_TRACELESS_EPISODES:
+        raise RuntimeError(
+            f"{len(finished)} episodes in a row ended without a finished trace; "
+            "the environments are failing (see the logged sandbox errors)"
+        )
+
+
 def _time_shares(actions: Sequence[str], total: float) -> list[float]:
     counts = [len(a.token_ids) if isinstance(a, TokenResponse) else 0 for a in actions]
     n = sum(counts)
     if n == 0:
         return [total / len(actions)] * len(actions)
     return [total * c / n for c in counts]
+
+
+def _final_info(info: dict) -> dict[str, Any]:
+    out = {}
+    for key, value in info.items():
+        if key in _NOT_FINAL_INFO or not isinstance(value, (bool, int, float, str)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        out[key] = value
+    return out
 
 
 def _task(env: Any, info: dict) -> Any:
@@ -493,7 +541,12 @@ def _task_id(env: Any, info: dict) -> str:
 
 
 def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
-    """Batch aggregates: means per episode, the summary share of generated tokens and time."""
+    """Batch aggregates: means per episode, the summary share of generated tokens and time.
+
+    Every numeric entry ``k`` of :attr:`EpisodeStats.info` is averaged over the episodes that
+    report it as ``k_per_episode`` (unless that names a figure above) (``format_errors_per_episode``, ``tests_passed_per_episode``...),
+    so the figures an env adds to its ``info`` are reported without naming them here.
+    """
     n = len(stats)
     if n == 0:
         return {}
@@ -501,7 +554,7 @@ def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
     summ = sum(s.summary_tokens for s in stats)
     t_sum = sum(s.summary_gen_time_s for s in stats)
     t_all = t_sum + sum(s.other_gen_time_s for s in stats)
-    return {
+    out = {
         "episodes": float(n),
         "success_rate": sum(s.success for s in stats) / n,
         "reward_mean": sum(s.reward for s in stats) / n,
@@ -519,6 +572,17 @@ def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
         "trace_tokens": float(sum(s.trace_tokens for s in stats)),
         "success_stderr": _stderr([float(s.success) for s in stats]),
     }
+    out.update((k, v) for k, v in _info_means(stats).items() if k not in out)  # a field's name wins
+    return out
+
+
+def _info_means(stats: Sequence[EpisodeStats]) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for s in stats:
+        for key, value in s.info.items():
+            if not isinstance(value, str):
+                values.setdefault(f"{key}_per_episode", []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in sorted(values.items())}
 
 
 def _stderr(xs: Sequence[float]) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from collector_fakes import EchoPolicy, FakeTraceEnv
@@ -230,3 +231,88 @@ def test_configuration_errors_propagate_instead_of_being_survived():
     col = TraceCollector([BadConfigEnv], EchoPolicy(), episodes_per_batch=2)
     with pytest.raises(ValueError, match="budget"):
         col.next()
+
+
+def test_collect_runs_each_entry_once_in_order_with_its_options():
+    class OptionEnv(FakeTraceEnv):
+        def reset(self, *, seed=None, options=None):
+            obs, info = super().reset(seed=seed, options=options)
+            self.task = options["task"]
+            return obs, {**info, "task_id": options["task"]}
+
+    col = TraceCollector([OptionEnv, OptionEnv], EchoPolicy(), episodes_per_batch=1, reset_options={"shared": 1})
+    batch = col.collect([{"task": f"t{i}"} for i in range(5)])
+    stats = col.last_episode_stats
+    assert [s.task_id for s in stats] == [f"t{i}" for i in range(5)]
+    assert len({s.group_id for s in stats}) == 5 and batch.batch_size[0] == sum(s.num_traces for s in stats)
+
+
+def test_collect_records_a_task_the_env_rejects_and_goes_on():
+    class PickyEnv(FakeTraceEnv):
+        def reset(self, *, seed=None, options=None):
+            if options["task"] == "bad-reset":
+                raise ValueError("backend cannot run task bad-reset")
+            return super().reset(seed=seed, options=options)
+
+        def step(self, action):
+            if self.steps == 1 and self.task_seed == self.bad_step_seed:
+                raise ValueError("judge cannot grade this task")
+            return super().step(action)
+
+    env = PickyEnv()
+    col = TraceCollector([lambda: env], EchoPolicy(), episodes_per_batch=1, seed=0)
+    seeds = np.random.default_rng(0).integers(0, 2**31 - 1, size=3)
+    env.bad_step_seed = int(seeds[2])  # the third entry's task seed
+    col.collect([{"task": "ok"}, {"task": "bad-reset"}, {"task": "bad-step"}])
+    ok, bad_reset, bad_step = col.last_episode_stats
+    assert ok.sandbox_error is None and ok.num_traces == 2
+    assert "bad-reset" in bad_reset.sandbox_error and bad_reset.num_traces == 0 and bad_reset.truncated
+    assert "grade" in bad_step.sandbox_error and bad_step.truncated
+    # the same errors outside a fixed list are configuration errors
+    with pytest.raises(ValueError, match="bad-reset"):
+        TraceCollector([PickyEnv], EchoPolicy(), episodes_per_batch=1,
+                       reset_options={"task": "bad-reset"}).next()
+
+
+def test_collect_with_no_trace_at_all_returns_none():
+    col = TraceCollector([lambda: FakeTraceEnv(fail_reset=True)], EchoPolicy(), episodes_per_batch=1)
+    assert col.collect([{}, {}]) is None
+    assert [s.truncated for s in col.last_episode_stats] == [True, True]
+
+
+def test_a_constructor_config_error_propagates_from_collect():
+    def broken():
+        raise ValueError("backend: expected sim, local or docker")
+
+    with pytest.raises(ValueError, match="backend"):
+        TraceCollector([broken], EchoPolicy(), episodes_per_batch=1).collect([{}])
+
+
+def test_final_info_scalars_are_kept_and_averaged_under_one_name():
+    class InfoEnv(FakeTraceEnv):
+        def step(self, action):
+            obs, r, term, trunc, info = super().step(action)
+            if term or trunc:
+                info = {**info, "format_errors": self.task_seed % 2, "test_summary": "2 passed", "num_traces": 99,
+                        "nan_figure": float("nan"), "trace_list": [1]}
+            return obs, r, term, trunc, info
+
+    col = TraceCollector([InfoEnv], EchoPolicy(), episodes_per_batch=4, seed=1)
+    col.next()
+    stats = col.last_episode_stats
+    assert all(s.info == {"format_errors": s.task_seed % 2, "test_summary": "2 passed"} for s in stats)
+    assert col.last_batch_stats["format_errors_per_episode"] == sum(s.task_seed % 2 for s in stats) / 4
+    assert "num_traces_per_episode" not in col.last_batch_stats  # a field's figure is not repeated
+
+
+def test_only_info_trace_is_read():
+    class TwoKeysEnv(FakeTraceEnv):
+        def step(self, action):
+            obs, r, term, trunc, info = super().step(action)
+            if info.get("trace") is not None:
+                info = {**info, "traces": [info["trace"], info["trace"]]}
+            return obs, r, term, trunc, info
+
+    col = TraceCollector([TwoKeysEnv], EchoPolicy(), episodes_per_batch=1)
+    batch = col.next()
+    assert batch.batch_size[0] == col.last_episode_stats[0].num_traces == 2

@@ -21,8 +21,8 @@ from compactrl.envs.loaders.swebench import (
     read_rows,
     row_to_task,
 )
+from compactrl.eval import evaluate_tasks, run_task
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
-from compactrl.task_eval import evaluate_tasks, run_task
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -118,11 +118,11 @@ def test_load_filters_instance_ids(repos_root: str) -> None:
 def test_gold_succeeds_and_noop_fails(repos_root: str, backend: str) -> None:
     task = row_to_task(_row(), SWEBenchConfig(repos_root=repos_root, python="python3"))
     gold = run_task(task, GoldPolicy(), backend)
-    assert gold["success"] and gold["test_summary"].startswith("Tests: 7 passed, 0 failed"), gold
+    assert gold["success"] and gold["info"]["test_summary"].startswith("Tests: 7 passed, 0 failed"), gold
     noop = run_task(task, NoopPolicy(), backend)
-    assert not noop["success"] and "error" not in noop, noop
+    assert not noop["success"] and noop["sandbox_error"] is None, noop
     # exactly the FAIL_TO_PASS tests fail before the fix
-    assert noop["test_summary"].startswith("Tests: 5 passed, 2 failed"), noop
+    assert noop["info"]["test_summary"].startswith("Tests: 5 passed, 2 failed"), noop
 
 
 def test_evaluate_tasks_reports_per_task_and_overall(repos_root: str) -> None:
@@ -131,6 +131,6 @@ def test_evaluate_tasks_reports_per_task_and_overall(repos_root: str) -> None:
     if local_unavailable():
         pytest.skip(local_unavailable())
     tasks = load_tasks(SWEBENCH_ROWS, swebench=SWEBenchConfig(repos_root=repos_root, python="python3"))
-    res = evaluate_tasks(tasks, NoopPolicy(), "local")
-    assert res["overall"] == {"tasks": 1, "success_rate": 0.0, "succeeded": 0, "errors": 0, "mean_turns": 1.0}
-    assert res["tasks"][0]["task_id"] == "mathkit-dev__mathkit-17"
+    summary, records = evaluate_tasks(tasks, NoopPolicy(), "local")
+    assert (summary["episodes"], summary["success_rate"], summary["sandbox_errors"], summary["steps_per_episode"]) == (1, 0, 0, 1)
+    assert records[0]["task_id"] == "mathkit-dev__mathkit-17"

@@ -1,0 +1,177 @@
+"""``compactrl eval``: evaluate a policy on a generated-task env or on a task set (``--tasks``).
+
+``--policy`` is a scripted policy (oracle, random, gold, noop), a saved model directory or the URL
+of an OpenAI-compatible server. The summary (the names of
+:func:`~compactrl.collectors.summarize_episodes`, as in the trainer's ``eval/`` metrics) is printed
+as a table, or with ``--json`` as one JSON object that also holds every episode's record;
+``--out FILE`` writes one JSON line per episode (task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from compactrl.eval.policies import SCRIPTED, PolicySpec, make_policy
+
+
+def _difficulties() -> tuple[str, ...]:
+    from compactrl.envs.generators.code import PRESETS as CODE
+    from compactrl.envs.generators.terminal import PRESETS as TERMINAL
+
+    return tuple(dict.fromkeys([*CODE, *TERMINAL]))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from compactrl.envs.generators.code import SPLITS
+
+    parser.add_argument("--env", default="CompactCode-v0", help="registered env id (default: CompactCode-v0)")
+    parser.add_argument("--policy", default="oracle", metavar="{" + ",".join(SCRIPTED) + ",PATH,URL}",
+                        help="scripted policy (gold: the reference solution; noop: submit at once), a saved model "
+                             "directory (a run's final_model/ or sft_model/), or an OpenAI-compatible server URL")
+    parser.add_argument("--episodes", type=int, default=20, help="number of episodes (default: 20)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the task-seed stream (the trainer's eval.seed gives its held-out tasks)")
+    parser.add_argument("--env-kwargs", default="{}", help='JSON keyword arguments of the env, e.g. \'{"budget": 4096}\'')
+    parser.add_argument("--split", default=None, choices=SPLITS, help="task split (default: the env's)")
+    parser.add_argument("--difficulty", default=None, choices=_difficulties(),
+                        help="task difficulty preset (each env has its own; default: the env's)")
+    parser.add_argument("--summary-quality", type=float, default=1.0, help="oracle: probability a fact survives a summary")
+    parser.add_argument("--temperature", type=float, default=0.0, help="model/server sampling temperature (default: 0, greedy)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="model/server response cap (default: 512)")
+    parser.add_argument("--tokenizer", default=None, help="model/server tokenizer directory (default: the model's, else compactrl's)")
+    parser.add_argument("--served-model", default=None, help="server: model name (default: the first of /v1/models)")
+    parser.add_argument("--num-envs", type=int, default=1, help="envs stepped together (one batched policy call per round)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (config, summary, episodes)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="write one JSON line per episode (task) to FILE")
+    _add_task_arguments(parser)
+
+
+def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    from compactrl.eval.tasks import BACKENDS
+
+    g = parser.add_argument_group("task sets (--tasks)")
+    g.add_argument("--tasks", default=None, help="SWE-bench .json/.jsonl, Task records, or Terminal-Bench folder(s)")
+    g.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox (default: local)")
+    g.add_argument("--repos-root", default=None, help="SWE-bench: folder of checkouts named <owner>__<name>")
+    g.add_argument("--swebench-images", action="store_true", help="SWE-bench: use the sweb.eval.* instance images")
+    g.add_argument("--image-namespace", default="swebench", help="SWE-bench image namespace ('' for local builds)")
+    g.add_argument("--python", default=None, help="interpreter that runs the tests inside the sandbox")
+    g.add_argument("--instance-ids", default=None, help="SWE-bench: comma-separated instance ids to load")
+    g.add_argument("--setup", action="append", default=[], help="setup command run before the agent (repeatable)")
+    g.add_argument("--image", default=None, help="Terminal-Bench/docker: image for every task")
+    g.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
+    g.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Raises ``ValueError`` naming the option for a bad value (the CLI prints it as one line)."""
+    if args.episodes < 1:
+        raise ValueError(f"--episodes: expected >= 1, got {args.episodes}")
+    if args.num_envs < 1:
+        raise ValueError(f"--num-envs: expected >= 1, got {args.num_envs}")
+    try:
+        spec = PolicySpec(name=args.policy, seed=args.seed, temperature=args.temperature,
+                          max_new_tokens=args.max_new_tokens, summary_quality=args.summary_quality,
+                          tokenizer=args.tokenizer, served_model=args.served_model)
+    except ValueError as exc:  # its fields are the options of the same names
+        field, _, rest = str(exc).partition(": ")
+        raise ValueError(f"--{field.replace('_', '-')}: {rest}") from None
+    started = time.perf_counter()
+    if args.tasks:
+        config, summary, records = _run_tasks(args, spec)
+    else:
+        config, summary, records = _run_env(args, spec)
+    config["wall_s"] = round(time.perf_counter() - started, 3)
+    if args.out:
+        write_jsonl(args.out, records)
+    if args.json:
+        print(json.dumps({"config": config, "summary": summary, "episodes": records}, sort_keys=True))
+    else:
+        print(format_table(config, summary, records if args.tasks else []))
+    return 0
+
+
+def _json_object(option: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{option}: expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option}: expected a JSON object, got {text!r}")
+    return value
+
+
+def _run_env(args: argparse.Namespace, spec: PolicySpec):
+    from compactrl.eval.episodes import evaluate
+
+    env_kwargs = _json_object("--env-kwargs", args.env_kwargs)
+    for name in ("split", "difficulty"):
+        if getattr(args, name) is not None:
+            env_kwargs[name] = getattr(args, name)
+    policy = make_policy(spec)
+    summary, stats = evaluate(args.env, policy, episodes=args.episodes, seed=args.seed, env_kwargs=env_kwargs,
+                              num_envs=args.num_envs)
+    config = dict(env=args.env, policy=args.policy, seed=args.seed, env_kwargs=env_kwargs)
+    return config, summary, [s.to_dict() for s in stats]
+
+
+def _run_tasks(args: argparse.Namespace, spec: PolicySpec):
+    from compactrl.eval.tasks import evaluate_tasks
+
+    sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
+    tasks = _load_tasks(args)
+    summary, records = evaluate_tasks(tasks, make_policy(spec), args.backend, sandbox_kwargs=sandbox_kwargs,
+                                      max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed)
+    config = dict(tasks=args.tasks, policy=args.policy, backend=args.backend, seed=args.seed)
+    return config, summary, records
+
+
+def _load_tasks(args: argparse.Namespace):
+    from compactrl.envs.loaders import load_tasks
+    from compactrl.envs.loaders.swebench import SWEBenchConfig
+    from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig
+
+    try:
+        swe = None
+        if args.repos_root or args.swebench_images:
+            swe = SWEBenchConfig(repos_root=args.repos_root, use_images=args.swebench_images,
+                                 image_namespace=args.image_namespace or None, python=args.python,
+                                 setup=tuple(args.setup))
+        tb = TerminalBenchConfig(python=args.python or "python3", image=args.image)
+        ids = [i for i in (args.instance_ids or "").split(",") if i] or None
+        return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--tasks: {exc}") from None
+
+
+def write_jsonl(path: str, records: list[dict[str, Any]]) -> None:
+    """One JSON line per record, written to a temporary file and renamed (never half-written)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".eval-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w") as f:
+            for record in records:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def format_table(config: dict[str, Any], summary: dict[str, float], records: list[dict[str, Any]]) -> str:
+    """One line per task (task sets), then ``name  value`` rows of the config and the summary."""
+    lines = []
+    for r in records:
+        status = "ok  " if r["success"] else "FAIL"
+        error = f"  error={r['sandbox_error']}" if r.get("sandbox_error") else ""
+        lines.append(f"{status} {r['task_id']}  steps={r['steps']}  traces={r['num_traces']}{error}")
+    rows = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **summary}
+    width = max(len(k) for k in rows)
+    for key, value in rows.items():
+        lines.append(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    return "\n".join(lines)
