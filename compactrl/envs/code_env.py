@@ -403,23 +403,3 @@ class CodeRepoEnv(ToolEnv):
     @property
     def system_prompt(self) -> str:
         return "Fix the Python repository in the work dir so its tests pass, then submit.\n" + describe_tools(self.tools)
-
-
-def make_code_env(*, context_budget: Any = True, tokenizer: Any = None, **kwargs: Any) -> gym.Env:
-    """Entry point of ``CompactCode-v0``: a :class:`CodeRepoEnv` inside :class:`~compactrl.wrappers.ContextBudget`.
-
-    Fields of :class:`~compactrl.wrappers.ContextBudgetConfig` given as keywords (``budget=4096``,
-    ``reserve=...``, ``max_compactions=...``) override the wrapper's defaults; ``context_budget``
-    may also be a ``ContextBudgetConfig``, or ``None``/``False`` for the bare env. ``tokenizer``:
-    the wrapper's tokenizer (default: compactrl's). Other keywords go to :class:`CodeRepoEnv`.
-    """
-    from compactrl.wrappers import ContextBudget, ContextBudgetConfig  # wrappers sit above envs
-
-    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in ContextBudgetConfig.__dataclass_fields__}
-    env = CodeRepoEnv(**kwargs)
-    if context_budget is None or context_budget is False:
-        if overrides:
-            raise ValueError(f"context_budget: got None but also wrapper parameters {sorted(overrides)}")
-        return env
-    config = context_budget if isinstance(context_budget, ContextBudgetConfig) else None
-    return ContextBudget(env, config, tokenizer=tokenizer, **overrides)

@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import compactrl  # noqa: F401  (registers the ids)
-from compactrl.envs.code_env import CodeRepoEnv, make_code_env
+from compactrl.envs.code_env import CodeRepoEnv
 from compactrl.envs.sandbox import SandboxError
 from compactrl.envs.tools import ToolCall, format_call
+from compactrl.registration import make_code_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,3 +169,21 @@ def test_system_prompt_describes_the_tools():
     restricted = CodeRepoEnv(tools=("view", "submit")).system_prompt
     all_tools = ("view", "search", "replace", "create", "test", "shell", "submit")
     assert {t for t in all_tools if f"<tool>{t}" in restricted} == {"view", "submit"}  # only the env's tools
+
+
+def test_one_factory_builds_both_ids_and_names_bad_arguments():
+    from compactrl.envs.terminal_env import TerminalEnv
+    from compactrl.registration import make_env
+    from compactrl.wrappers import ContextBudget, ContextBudgetConfig
+
+    for env_id, cls in (("CompactCode-v0", CodeRepoEnv), ("CompactTerminal-v0", TerminalEnv)):
+        env = make_env(env_id, context_budget=ContextBudgetConfig(budget=4096), reserve=200, max_turns=3)
+        assert isinstance(env, ContextBudget) and type(env.unwrapped) is cls
+        assert (env.config.budget, env.config.reserve, env.unwrapped.max_turns) == (4096, 200, 3)
+        assert type(make_env(env_id, context_budget=False)) is cls
+    with pytest.raises(ValueError, match="env_id"):
+        make_env("CompactChess-v0")
+    with pytest.raises(ValueError, match="context_budget"):
+        make_env("CompactCode-v0", context_budget=None, budget=4096)
+    with pytest.raises(ValueError, match="context_budget"):
+        make_env("CompactCode-v0", context_budget="yes")
