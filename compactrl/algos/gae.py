@@ -22,8 +22,9 @@ Per-token lambda takes a log-step scan within every block.
 Threads: :func:`gae` and :func:`trace_gae` run with :data:`THREADS` intra-op threads (one by default)
 and restore the caller's setting after. The scan is a chain of short, memory-bound torch calls; with
 several threads each call waits for its workers to wake, which on a machine whose other cores are
-busy costs more than the work (measured with one of two cores busy: 1.6e7 tokens/s with torch's two
-threads vs 1.5e8 with one, at 1e6 tokens; ``benchmarks/gae_bench.py --threads-table``).
+busy costs more than the work (measured on two shared cores with one CPU burner: 1.9e7 tokens/s with
+torch's two threads vs 1.9e8 with one at 1e6 tokens, 2.8e6 vs 8.1e7 at 1e5;
+``benchmarks/gae_bench.py --threads-table``, ``benchmarks/results/gae_threads.md``).
 """
 
 from __future__ import annotations
