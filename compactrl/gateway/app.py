@@ -375,7 +375,8 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     from compactrl.policies.serve import load_policy
 
     policy, name = load_policy(args)
-    return LocalEngine(policy, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms), name
+    return LocalEngine(policy, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
+                       threads=args.threads), name
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,10 +33,11 @@ class LocalEngine:
     policy: TransformersPolicy
     max_batch_size: int = 32
     batch_wait_ms: float = 5.0
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         self.engine = CompletionEngine(self.policy, max_batch_size=self.max_batch_size,
-                                       batch_wait_ms=self.batch_wait_ms)
+                                       batch_wait_ms=self.batch_wait_ms, threads=self.threads)
         self.tokenizer = self.policy.tokenizer
         self.context_length = self.policy.context_length
         self.stop_ids = tuple(self.policy.stop_token_ids)

@@ -19,7 +19,7 @@ def policy():
 def gateway(policy, tmp_path_factory):
     config = GatewayConfig(serve=ServeConfig(port=0, model_name="tiny", batch_wait_ms=10, max_body_bytes=200_000),
                            record_dir=str(tmp_path_factory.mktemp("sessions")), max_n=4, default_max_tokens=24)
-    with Gateway(LocalEngine(policy, batch_wait_ms=10), config) as gw:
+    with Gateway(LocalEngine(policy, batch_wait_ms=10, threads=1), config) as gw:
         yield gw
 
 
