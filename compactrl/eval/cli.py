@@ -66,6 +66,10 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--image", default=None, help="Terminal-Bench/docker: image for every task")
     g.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
     g.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
+    g.add_argument("--budget", type=int, default=None,
+                   help="context budget with forced summaries (reserve: --max-new-tokens; default: an open "
+                        "budget that never asks for a summary)")
+    g.add_argument("--max-compactions", type=int, default=8, help="with --budget: summaries per episode (default: 8)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +119,7 @@ def _run_env(args: argparse.Namespace, spec: PolicySpec):
             env_kwargs[name] = getattr(args, name)
     policy = make_policy(spec)
     summary, stats = evaluate(args.env, policy, episodes=args.episodes, seed=args.seed, env_kwargs=env_kwargs,
-                              num_envs=args.num_envs)
+                              num_envs=args.num_envs, give_task_to_policy=spec.kind == "scripted")
     config = dict(env=args.env, policy=args.policy, seed=args.seed, env_kwargs=env_kwargs)
     return config, summary, [s.to_dict() for s in stats]
 
@@ -124,11 +128,25 @@ def _run_tasks(args: argparse.Namespace, spec: PolicySpec):
     from compactrl.eval.tasks import evaluate_tasks
 
     sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
+    budget = _task_budget(args)
     tasks = _load_tasks(args)
     summary, records = evaluate_tasks(tasks, make_policy(spec), args.backend, sandbox_kwargs=sandbox_kwargs,
-                                      max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed)
-    config = dict(tasks=args.tasks, policy=args.policy, backend=args.backend, seed=args.seed)
+                                      max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed,
+                                      context_budget=budget, give_task_to_policy=spec.kind == "scripted")
+    config = dict(tasks=args.tasks, policy=args.policy, backend=args.backend, seed=args.seed, budget=args.budget)
     return config, summary, records
+
+
+def _task_budget(args: argparse.Namespace):
+    """``--budget``'s ContextBudget config (None: the open budget of ``evaluate_tasks``)."""
+    from compactrl.wrappers import ContextBudgetConfig
+
+    if args.budget is None:
+        return None
+    try:
+        return ContextBudgetConfig(budget=args.budget, reserve=args.max_new_tokens, max_compactions=args.max_compactions)
+    except ValueError as exc:
+        raise ValueError(f"--budget/--max-new-tokens/--max-compactions: {exc}") from None
 
 
 def _load_tasks(args: argparse.Namespace):

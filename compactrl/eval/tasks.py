@@ -52,6 +52,7 @@ def evaluate_tasks(
     num_envs: int = 1,
     context_budget: ContextBudgetConfig | None = None,
     seed: int = 0,
+    give_task_to_policy: bool = True,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Every task once; returns (aggregates, one record per task in input order).
 
@@ -59,7 +60,8 @@ def evaluate_tasks(
     ``success``, ``num_traces``, ``sandbox_error``, the final ``info`` with ``test_summary``...)
     plus the task's ``source`` and ``kind``. The aggregates are
     :func:`~compactrl.collectors.summarize_episodes` of all tasks. ``num_envs`` sandboxes run at
-    once (each an episode's container or bubblewrap jail).
+    once (each an episode's container or bubblewrap jail). ``give_task_to_policy``: the scripted
+    policies (``gold`` reads the reference solution) need the task; learned policies must not see it.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
@@ -75,7 +77,7 @@ def evaluate_tasks(
             return with_budget(bare, policy, context_budget)
 
         collector = TraceCollector([make] * min(num_envs, len(index)), policy, episodes_per_batch=len(index),
-                                   seed=seed, give_task_to_policy=True)
+                                   seed=seed, give_task_to_policy=give_task_to_policy)
         try:
             collector.collect([{"task": t} for t in kind_tasks])
         finally:

@@ -121,3 +121,17 @@ def test_cli_rejects_a_bad_task_path_in_one_line(tmp_path):
                            "--policy", "noop"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("compactrl eval: error: --tasks:") and proc.stderr.count("\n") == 1
+
+
+def test_cli_task_set_under_a_budget(tmp_path, capsys):
+    tasks = _generated_tasks()
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(t.to_json() + "\n" for t in tasks))
+    argv = ["eval", "--tasks", str(path), "--backend", "sim", "--policy", "gold", "--json"]
+    assert main([*argv, "--budget", "2048", "--max-new-tokens", "256", "--max-compactions", "2"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["summary"]["success_rate"] == 1.0 and printed["config"]["budget"] == 2048
+    assert all(0 < r["info"]["context_tokens_max"] <= 2048 - 256 for r in printed["episodes"])
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--budget", "100"])
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("compactrl eval: error: --budget")
