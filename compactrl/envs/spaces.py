@@ -114,7 +114,7 @@ class ChatMessages(Space):
     def sample(self, mask: Any = None, probability: Any = None) -> tuple[dict[str, str], ...]:
         if mask is not None or probability is not None:
             raise ValueError("ChatMessages.sample: masks are not supported, got one")
-        self._content.np_random = self.np_random  # one seeded stream for the whole space
+        self._content._np_random = self.np_random  # one seeded stream for the whole space
         n = int(self.np_random.integers(2, min(self.max_messages, 8) + 1)) if self.max_messages > 1 else 1
         roles = ["system", "user", *(("assistant", "tool")[i % 2] for i in range(n - 2))][:n]
         return tuple({"role": r, "content": self._content.sample()} for r in roles)

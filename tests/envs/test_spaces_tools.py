@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactrl.envs.spaces import UnicodeText
+from compactrl.envs.spaces import ChatMessages, UnicodeText
 from compactrl.envs.tools import FormatError, ToolCall, format_call, normalize_path, parse_action
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,6 +26,31 @@ def test_unicode_text_sample_is_contained_and_seeded():
     assert [again.sample() for _ in range(20)] == samples
     assert not space.contains(b"bytes") and not space.contains(None)
     assert UnicodeText(5) == UnicodeText(5) and UnicodeText(5) != UnicodeText(6)
+
+
+MESSAGE_TEXT = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=50)
+
+
+@given(st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
+                                       "content": MESSAGE_TEXT}), max_size=6))
+def test_chat_messages_contains_any_tuple_of_messages_within_length(messages):
+    space = ChatMessages(50)
+    assert space.contains(tuple(messages))
+    assert not space.contains(list(messages)) or not messages  # a list is not a context
+    if messages:
+        assert not space.contains(({**messages[0], "name": "x"},))  # exactly the two keys
+        assert not space.contains(({"role": "user", "content": "x" * 51},))
+        assert not space.contains(({"role": "r" * 17, "content": ""},))
+
+
+def test_chat_messages_sample_is_contained_seeded_and_validated():
+    a, b = ChatMessages(300, seed=4), ChatMessages(300, seed=4)
+    samples = [a.sample() for _ in range(20)]
+    assert samples == [b.sample() for _ in range(20)] and all(a.contains(s) for s in samples)
+    assert all([m["role"] for m in s[:2]] == ["system", "user"] for s in samples)
+    assert a == b and hash(a) == hash(b) and a != ChatMessages(301) and not a.is_np_flattenable
+    with pytest.raises(ValueError, match="max_content_length"):
+        ChatMessages(0)
 
 
 @given(st.text())
