@@ -96,7 +96,8 @@ cleanup() {
     DOCKER_HOST="unix://$SOCK" "$PY" -c "import docker
 from compactrl.envs.sandbox.docker import reap_stale_containers
 n = len(reap_stale_containers(docker.from_env(timeout=30)))
-print(f'ci_docker: removed {n} container(s) left by the tests') if n else None" >&2
+if n:
+    print(f'ci_docker: removed {n} container(s) left by the tests')" >&2
     kill "$service_pid" 2>/dev/null
     wait "$service_pid" 2>/dev/null
     rm -f "$SOCK"
