@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shlex
 import subprocess
 import tempfile
@@ -380,8 +381,14 @@ def _sim_dirs(sh: ShellEmulator) -> set[str]:
     return {d for d in dirs if d}
 
 
+_SHM = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
 def run_real(case: Case, timeout_s: float = 10.0) -> tuple[Outcome, str]:
-    with tempfile.TemporaryDirectory(prefix="shellagree-") as root:
+    """Run in a fresh directory, on tmpfs where there is one: writing a large fixture tree to
+    disk per case is slow, and a work dir outside ``/tmp`` keeps ``..`` from meaning the sim's
+    private ``/tmp`` area."""
+    with tempfile.TemporaryDirectory(prefix="shellagree-", dir=_SHM) as root:
         root = os.path.realpath(root)
         for d in case.dirs:
             os.makedirs(os.path.join(root, d), exist_ok=True)
@@ -430,3 +437,52 @@ def check_case(case: Case) -> tuple[list[str], Outcome, Outcome]:
     real, root = run_real(case)
     sim = run_sim(case, root)
     return compare(real, sim, "|" in case.command), real, sim
+
+
+# ===================================================================== the trajectory corpus
+CONSTRUCTS: list[tuple[str, re.Pattern]] = [(name, re.compile(rx)) for name, rx in [
+    ("for loop", r"(^|[;&|(\s])for\s"),
+    ("while/until loop", r"(^|[;&|(\s])(while|until)\s"),
+    ("if", r"(^|[;&|(\s])if\s"),
+    ("case", r"(^|[;&|(\s])case\s"),
+    ("function", r"\w+\s*\(\)\s*\{|(^|\s)function\s"),
+    ("command substitution", r"\$\((?!\()|`"),
+    ("arithmetic", r"\$\(\(|(^|[;&|\s])\(\("),
+    ("[[ ]]", r"\[\["),
+    ("test / [", r"(^|[;&|(!\s])(test|\[)\s"),
+    ("read", r"(^|[;&|(\s])read\s"),
+    ("subshell / group", r"(^|[;&|]\s*)\(\s*[^(]|(^|[;&|]\s*)\{\s"),
+    ("here-document / here-string", r"<<"),
+    ("pipeline", r"[^|]\|[^|]"),
+    ("&& / ||", r"&&|\|\|"),
+    ("redirection", r"\d?>|&>|(?<![<])<(?![<(])"),
+    ("parameter expansion", r"\$\{|\$[A-Za-z_?#@*0-9]"),
+    ("xargs", r"\bxargs\b"),
+    ("find", r"(^|[|;&(]\s*)find\s"),
+    ("grep", r"\bgrep\b"),
+    ("sed", r"\bsed\b"),
+    ("awk", r"\bawk\b"),
+    ("ls", r"(^|[|;&(]\s*)ls\b"),
+    ("cat / head / tail / nl / wc", r"(^|[|;&(]\s*)(cat|head|tail|nl|wc)\b"),
+    ("file ops (cp mv rm mkdir touch)", r"(^|[|;&(]\s*)(cp|mv|rm|rmdir|mkdir|touch)\b"),
+]]
+"""Labels for the corpus table: a command counts under every construct it contains."""
+
+
+def constructs_of(command: str) -> list[str]:
+    return [name for name, rx in CONSTRUCTS if rx.search(command)] or ["other"]
+
+
+def load_corpus(directory: str) -> tuple[dict[str, str], list[dict]]:
+    """``tree.json`` (path -> text) and ``corpus.jsonl`` (one command per line, with its source)."""
+    import json
+
+    with open(os.path.join(directory, "tree.json"), encoding="utf-8") as fh:
+        tree = json.load(fh)
+    with open(os.path.join(directory, "corpus.jsonl"), encoding="utf-8") as fh:
+        items = [json.loads(line) for line in fh if line.strip()]
+    return tree, items
+
+
+def corpus_case(tree: dict[str, str], command: str) -> Case:
+    return Case(dict(tree), [], command)

@@ -73,7 +73,9 @@ def cmd_grep(sh: Shell, args: list[str], io: IO) -> int:
         return 2
     recursive = o.has("r") or o.has("R")
     files = _expand_operands(sh, operands, recursive)
-    multi = len(files) > 1 or recursive
+    # GNU grep names files when it has several operands or actually recursed into a directory
+    recursed = recursive and (not operands or any(sh.fs.is_dir(sh.resolve(op)) for op in operands if op != "-"))
+    multi = len(files) > 1 or len(operands) > 1 or recursed
     with_name = (multi or o.has("H")) and not o.has("h")
     state = {"selected": False, "error": False}
     for path, display in files:
