@@ -1,7 +1,6 @@
 """A gateway in front of a tiny real model, on a free loopback port, shared by a module's tests."""
 
 import pytest
-import torch
 
 from compactrl.gateway import Gateway, GatewayConfig, LocalEngine
 from compactrl.policies.serve import ServeConfig
@@ -21,12 +20,3 @@ def gateway(policy, tmp_path_factory):
                            record_dir=str(tmp_path_factory.mktemp("sessions")), max_n=4, default_max_tokens=24)
     with Gateway(LocalEngine(policy, batch_wait_ms=10, threads=1), config) as gw:
         yield gw
-
-
-def rescore_error(policy, prompt_ids, token_ids, log_probs, **kw) -> float:
-    """max |recorded log-prob - log_prob(prompt + sampled ids)| over the sampled ids."""
-    seq = torch.tensor([list(prompt_ids) + list(token_ids)])
-    with torch.no_grad():
-        lp, _ = policy.log_prob(seq, torch.ones_like(seq, dtype=torch.bool), **kw)
-    got = lp[0, len(prompt_ids):]
-    return float((got - torch.tensor(log_probs)).abs().max())

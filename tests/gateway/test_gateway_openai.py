@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 import torch
-from conftest import rescore_error
+from gateway_helpers import rescore_error
 
 from compactrl.algos.tree_gae import tree_gae
 from compactrl.gateway.chat import (
