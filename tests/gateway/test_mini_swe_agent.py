@@ -10,10 +10,11 @@ import torch
 
 from compactrl.envs.generators.code import CodeTaskGenerator
 from compactrl.envs.sandbox import SandboxError, make_sandbox
-from compactrl.gateway.mini_swe import run_episode
+from compactrl.gateway.mini_swe import offline_environment, run_episode
 from compactrl.gateway.recording import load_session
 from compactrl.gateway.traces import build_tree, sessions_to_batch
 
+offline_environment()  # before mini-swe-agent's first import: it reads its config dir then
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install -e '.[test]')")
 
 CONTEXT = 1800  # tokens: mini.yaml's system + task take ~1470, so a few steps make the agent compact
