@@ -323,7 +323,55 @@ class CommandGen:
         ]
         return self.rng.choice(cases)
 
+    def language(self) -> str:
+        """Compound commands, substitutions, arithmetic, functions, ``read`` loops and the
+        utilities added with them, built around random commands from the rest of the generator."""
+        rng, f, g, w = self.rng, self.file(), self.file(), self.word()
+        a, b, n = rng.randint(-20, 40), rng.randint(1, 9), rng.randint(0, 5)
+        glob = rng.choice(["*", "*.txt", "logs/*", "*/*.log", "*.none", "[ab]*"])
+        cond = rng.choice([f"grep -q {self.pattern()} {f}", f"[ -f {f} ]", f"[[ -n \"$(cat {f} 2>/dev/null)\" ]]",
+                           f"test -d {rng.choice(self.dirs or ['x'])}", f"(( {a} > {b} ))", "false"])
+        on = rng.choice(['head -n 2 "$f"', 'cat "$f" | wc -l', f'grep -c {self.pattern()} "$f"', 'echo "${f##*/}"',
+                         '[ -d "$f" ] && echo dir || echo file'])
+        cases = [
+            f'for f in {glob}; do echo "== $f"; {on}; done',
+            f"for i in $(seq {n} {n + b}); do echo $((i * {b})); done",
+            f"n=0; while read -r line; do n=$((n + 1)); done < {f}; echo $n",
+            f'while IFS={rng.choice([",", "=", " ", ":"])} read -r x y; do echo "[$y|$x]"; done < {f}',
+            f"if {cond}; then echo yes; elif [ -e {g} ]; then echo mid; else echo no; fi",
+            f"case {w} in {w[:1]}*) echo one;; *[0-9]|x*) echo two;; *) echo other;; esac",
+            f'fn() {{ local x=$1; echo "$x:$#"; return {n}; }}; fn {w} "{self.word()} z"; echo $? "[$x]"',
+            f'x=$({self.source()} 2>/dev/null); echo "${{#x}}"; echo "${{x%%[[:space:]]*}}" | head -c 40; echo',
+            f"echo $(( {a} {rng.choice(['+', '-', '*', '/', '%', '**', '<<', '&', '^'])} {b} )) $(( {a} > {b} ? {a} : {b} ))",
+            f"(( {a} > {b} )) && echo gt || echo le; x={a}; (( x += {b} )); echo $x",
+            f"[[ {w} == {w[:1]}* ]] && echo m; [[ {w} =~ ^[a-z]+$ ]] && echo r; [[ -f {f} && ! -d {f} ]]; echo $?",
+            f"{self.source()} 2>/dev/null | xargs {rng.choice(['', '-n 2 ', '-r '])}echo | tail -5",
+            f'{self.source()} 2>/dev/null | while read -r l; do echo "> $l"; done | head -3',
+            f"{{ {self.source()}; echo sep; }} 2>&1 | wc -l",
+            f"(cd {rng.choice(self.dirs or ['.'])} && ls); pwd | wc -c",
+            f"v={w}.tar.gz; echo ${{v%.*}} ${{v##*.}} ${{v/a/A}} ${{v//a/A}} ${{v:1:3}} ${{v^^}} ${{v#*.}}",
+            f"paste -d, {f} {g}", f"paste -s {f}", f"nl {f}", f"nl -ba -w3 {f}", f"rev {f}", f"tac {f}",
+            f"comm -3 <(sort {f}) <(sort {g})", f"diff -q {f} {g}; echo $?", f"diff {f} {f}; echo $?",
+            f"expr {a} + {b}; expr {a} '*' {b}; expr length {w}; expr {a} '<' {b}",
+            f"echo '{a} / {b}' | bc; echo 'scale=2; {a} / {b}' | bc; echo '{a}^2 + {b}' | bc",
+            f"set -e; {self.source()}; echo survived", f"set -- {w} {self.word()} c; echo $#; shift; echo $@ $1",
+            f"for ((i=0; i<{n}; i++)); do printf '%d,' $i; done; echo",
+            f"x={a}; until [ $x -le 0 ]; do x=$((x - {b})); done; echo $x",
+            "find . -name '*.txt' -exec wc -l {} \\; | sort", f"find . -type f -exec grep -l {self.pattern()} {{}} + | sort",
+            f'echo "`{self.source()} 2>/dev/null | wc -l`"',
+            f'while read -r x; do echo "<$x>"; done < <({self.source()} 2>/dev/null)',
+            f"printf '%s\\n' {w} {self.word()} {self.word()} | xargs -n 2 echo",
+            f"realpath {f} | wc -c", f"cat {f} | column -t", f"{self.source()} | sha256sum",
+            "ls | xargs -I{} echo 'item: {}'",
+            f"count=$(grep -c {self.pattern()} {f}); if [ \"$count\" -gt 0 ]; then echo \"$count hits\"; fi",
+            f"set -o pipefail; {self.source()} | tail -1; echo $?",
+        ]
+        return rng.choice(cases)
+
     def simple(self) -> str:
+        r = self.rng.random()
+        if r < 0.25:
+            return self.language()
         r = self.rng.random()
         if r < 0.3:
             return self.extra()

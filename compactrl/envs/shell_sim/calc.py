@@ -28,7 +28,8 @@ def cmd_diff(sh: Shell, args: list[str], io: IO) -> int:
             texts.append(read_input(sh, io, path))
         except FsError as exc:
             missing("diff", path, exc, io)
-            return 2
+    if len(texts) < 2:
+        return 2
     a, b = _lines(texts[0]), _lines(texts[1])
     key = _diff_key(o.has("w"), o.has("i"))
     same = [key(x) for x in a] == [key(x) for x in b]

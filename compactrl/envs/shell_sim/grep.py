@@ -122,6 +122,8 @@ def _grep_one(sh: Shell, io: IO, o, rx: re.Pattern, path: str, display: str, wit
         if not o.has("s"):
             io.err.write(f"grep: {path}: {exc.strerror}\n")  # grep prints names as they are
         state["error"] = True
+        if o.has("c") and exc.strerror == "Is a directory":  # GNU still counts it: no lines
+            io.out.write(f"{display}:0\n" if with_name else "0\n")
         return
     lines = split_lines(text)
     invert = o.has("v")

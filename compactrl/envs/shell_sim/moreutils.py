@@ -18,13 +18,19 @@ SIM_DATE = datetime.datetime(2026, 1, 1, 0, 0, 0, tzinfo=datetime.UTC)
 """What ``date`` reports in the sim: a fixed instant, so episodes stay reproducible."""
 
 
+_OPEN_ERRORS = {"rev": "rev: cannot open {path}: {err}\n", "tac": "tac: failed to open '{path}' for reading: {err}\n"}
+
+
 def _read_all(sh: Shell, io: IO, name: str, paths: list[str]) -> list[str] | None:
     texts = []
     for path in paths:
         try:
             texts.append(read_input(sh, io, path))
         except FsError as exc:
-            missing(name, path, exc, io)
+            if name in _OPEN_ERRORS:
+                io.err.write(_OPEN_ERRORS[name].format(path=path, err=exc.strerror))
+            else:
+                missing(name, path, exc, io)
             return None
     return texts
 
@@ -57,6 +63,31 @@ def _xargs_items(text: str, io: IO) -> list[str] | None:
     return items
 
 
+def _xargs_line(line: str, io: IO) -> str | None:
+    """An ``-I``/``-L`` item: the whole line, blanks kept, xargs' quotes and backslashes removed."""
+    out, i, quote = [], 0, ""
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == quote:
+                quote = ""
+            else:
+                out.append(c)
+        elif c in "'\"":
+            quote = c
+        elif c == "\\" and i + 1 < len(line):
+            i += 1
+            out.append(line[i])
+        else:
+            out.append(c)
+        i += 1
+    if quote:
+        io.err.write(f"xargs: unmatched {'single' if quote == chr(39) else 'double'} quote; by default quotes are "
+                     "special to xargs unless you use the -0 option\n")
+        return None
+    return "".join(out)
+
+
 def cmd_xargs(sh: Shell, args: list[str], io: IO) -> int:
     o = getopt("xargs", args, "0d:n:I:L:P:rtx", io, permute=False,
                long={"null": "0", "delimiter=": "d", "max-args=": "n", "no-run-if-empty": "r", "replace=": "I",
@@ -69,22 +100,35 @@ def cmd_xargs(sh: Shell, args: list[str], io: IO) -> int:
         if items and items[-1] == "":
             items.pop()
     elif o.has("I") or o.has("L"):
-        items = [line.strip(" \t") for line in split_lines(data)]
-        items = [i for i in items if i]
+        items, bad = [], False
+        for line in split_lines(data):  # one item per line, quotes still processed
+            parsed = _xargs_line(line.lstrip(" \t"), io)
+            if parsed is None:
+                bad = True
+                break
+            if parsed:
+                items.append(parsed)
+        if bad:
+            return _xargs_run(sh, io, _xargs_batches(o, command_of(o), items), o.has("t")) or 1
     else:
         parsed = _xargs_items(data, io)
         if parsed is None:
             return 1
         items = parsed
-    command = o.operands or ["echo"]
+    return _xargs_run(sh, io, _xargs_batches(o, command_of(o), items), o.has("t"))
+
+
+def command_of(o) -> list[str]:
+    return o.operands or ["echo"]
+
+
+def _xargs_batches(o, command: list[str], items: list[str]) -> list[list[str]]:
     if o.has("I"):
         token = o.last("I") or "{}"
-        batches = [[a.replace(token, item) for a in command] for item in items]
-    else:
-        size = int(o.last("n") or o.last("L") or 0) or max(len(items), 1)
-        batches = [command + items[k:k + size] for k in range(0, len(items), size)] or (
-            [] if o.has("r") else [list(command)])
-    return _xargs_run(sh, io, batches, o.has("t"))
+        return [[a.replace(token, item) for a in command] for item in items]
+    size = int(o.last("n") or o.last("L") or 0) or max(len(items), 1)
+    return [command + items[k:k + size] for k in range(0, len(items), size)] or (
+        [] if o.has("r") else [list(command)])
 
 
 def _xargs_run(sh: Shell, io: IO, batches: list[list[str]], verbose: bool) -> int:
@@ -214,6 +258,8 @@ def cmd_nl(sh: Shell, args: list[str], io: IO) -> int:
             number += step
         else:
             out.append(" " * (width + len(sep)) + piece)
+    if out and not out[-1].endswith("\n"):  # nl ends its last line even when the input does not
+        out[-1] += "\n"
     io.out.write("".join(out))
     return 0
 
@@ -253,15 +299,11 @@ def cmd_column(sh: Shell, args: list[str], io: IO) -> int:
         if seps is None and not cells:
             continue
         rows.append(cells)
-    widths: list[int] = []
-    for row in rows:
-        for k, cell in enumerate(row):
-            if k == len(widths):
-                widths.append(0)
-            widths[k] = max(widths[k], len(cell))
-    for row in rows:
-        cells = [cell.ljust(widths[k]) if k < len(row) - 1 else cell for k, cell in enumerate(row)]
-        io.out.write(out_sep.join(cells) + "\n")
+    width = max((len(row) for row in rows), default=0)
+    widths = [max((len(row[k]) for row in rows if k < len(row)), default=0) for k in range(width)]
+    for row in rows:  # util-linux pads every column but the table's last, even a row's missing cells
+        cells = [(row[k] if k < len(row) else "").ljust(widths[k]) for k in range(width - 1)]
+        io.out.write(out_sep.join([*cells, row[width - 1] if len(row) == width else ""]) + "\n")
     return 0
 
 
