@@ -442,8 +442,13 @@ def _arith_end(src: str, i: int) -> int | None:
             if depth == 0:
                 return i if src.startswith("))", i) else None
             depth -= 1
-        elif c in "'\"`":
-            return None  # quotes in arithmetic: read it as a command substitution instead
+        elif c == "\\":
+            i += 1
+        elif c in "'\"`":  # a quoted string (e.g. inside a nested $(...)) cannot close the expression
+            end = src.find(c, i + 1)
+            if end < 0:
+                return None
+            i = end
         i += 1
     return None
 
