@@ -17,7 +17,8 @@ def _benchmark_dir() -> Path:
     for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
         if (root / "benchmarks").is_dir():
             return root / "benchmarks"
-    raise FileNotFoundError("no benchmarks/ directory found next to the package or in the current directory")
+    # a ValueError: the CLI reports it as one line (run from a checkout that has benchmarks/)
+    raise ValueError("name: no benchmarks/ directory next to the package or in the current directory")
 
 
 def available() -> list[str]:

@@ -15,6 +15,10 @@ then are finished and included, so long episodes are not selectively dropped).
 GRPO groups: ``group_size`` consecutive episodes reset with the same task seed and share a
 ``group_id``. A group is never split across batches.
 
+Fixed lists: :meth:`TraceCollector.collect` runs exactly one episode per given set of reset
+options (e.g. ``{"task": task}`` for each task of a task set) instead of drawing episodes from the
+task-seed stream; evaluation of task sets uses it (``compactrl.eval``).
+
 Infrastructure failures never stop collection: an episode that the env truncates with
 ``info["sandbox_error"]``, or whose ``reset``/``step`` raises (anything but ``ValueError`` /
 ``TypeError``, which signal a bad configuration or a policy bug and propagate), is ended as

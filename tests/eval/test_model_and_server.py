@@ -39,8 +39,10 @@ def model_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(model_dirs):
     """The episodes of the in-memory model, loaded back from the directory, greedy."""
+    import torch
     from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(1)  # a module fixture runs before the function-scoped one of conftest.py
     model = AutoModelForCausalLM.from_pretrained(model_dirs[0], experts_implementation="grouped_mm").eval()
     policy = TransformersPolicy(model, load_tokenizer(), temperature=0.0, seed=4, max_new_tokens=512)
     _, stats = evaluate("CompactCode-v0", policy, episodes=2, seed=4, env_kwargs=ENV_KWARGS, give_task_to_policy=False)
