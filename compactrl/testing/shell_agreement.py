@@ -517,8 +517,13 @@ CONSTRUCTS: list[tuple[str, re.Pattern]] = [(name, re.compile(rx)) for name, rx 
 """Labels for the corpus table: a command counts under every construct it contains."""
 
 
+_QUOTED_TEXT = re.compile(r"'[^']*'|\"[^\"$`]*\"")
+
+
 def constructs_of(command: str) -> list[str]:
-    return [name for name, rx in CONSTRUCTS if rx.search(command)] or ["other"]
+    """The constructs ``command`` uses (quoted text, which only looks like code, left out)."""
+    code = _QUOTED_TEXT.sub("''", command)
+    return [name for name, rx in CONSTRUCTS if rx.search(code)] or ["other"]
 
 
 def load_corpus(directory: str) -> tuple[dict[str, str], list[dict]]:

@@ -52,6 +52,9 @@ _PYTHON_FRAMES = 4000
 """Python frames the executor may need: about 11 per nested shell function call (20 with a
 command substitution), so the default function depth of 100 fits with room to spare."""
 
+if sys.getrecursionlimit() < _PYTHON_FRAMES:  # 3.11+: Python-to-Python calls use no C stack
+    sys.setrecursionlimit(_PYTHON_FRAMES)
+
 DEFAULT_TIMEOUT_S = 30.0
 """A command line's time budget when the caller gives none (the local sandbox's default)."""
 
@@ -107,8 +110,6 @@ class ShellEmulator:
 
     def run_detailed(self, command: str, timeout_s: float | None = None) -> ShellRun:
         self.fs.invalidate()  # the caller may have edited ``files`` between runs
-        if sys.getrecursionlimit() < _PYTHON_FRAMES:  # 3.11+: Python-to-Python calls use no C stack
-            sys.setrecursionlimit(_PYTHON_FRAMES)
         budget = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
         limits = Limits(deadline=time.monotonic() + budget, max_iterations=self.max_loop_iterations,
                         max_depth=self.max_function_depth)
