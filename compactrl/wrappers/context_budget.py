@@ -151,7 +151,8 @@ class ContextBudget(gym.Wrapper):
     Args:
         env: the inner env.
         config: the parameters (default :class:`ContextBudgetConfig`).
-        tokenizer: a Hugging Face tokenizer with a chat template (default: compactrl's own).
+        tokenizer: a Hugging Face tokenizer with a chat template (default: the process's shared one,
+            :func:`compactrl.tokenizer.shared_tokenizer`; read, never changed).
         **overrides: fields of ``config`` to replace, e.g. ``budget=4096``.
     """
 
