@@ -23,6 +23,9 @@ def _sessions(gateway, n: int = 2):
         msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"task {k}"}]
         for turn in range(2):
             r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6)
+            if turn == 0:  # a sub-agent (another conversation root) runs while the agent waits
+                c.chat.completions.create(model="tiny", max_tokens=6, messages=[
+                    {"role": "system", "content": "sub-agent"}, {"role": "user", "content": "look it up"}])
             msgs += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "tool", "content": f"output {turn}"}]
         gateway.finish_session(name, float(k % 2))  # half succeed: advantages of both signs
@@ -47,6 +50,7 @@ def test_one_ppo_update_on_recorded_sessions_changes_the_policy_and_resumes(gate
     actor, critic, opt = _learner(policy)
     loss = CriticPPOLoss(actor, critic, CriticPPOConfig())
     batch = session_batch(sessions, critic)
+    assert batch["parent_trace"].tolist().count(0) == 2  # each session's sub-agent: a child trace
     adv = batch["advantage"][batch["policy_mask"]]
     assert bool((adv > 0).any()) and bool((adv < 0).any())
     with torch.no_grad():
