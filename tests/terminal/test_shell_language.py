@@ -57,6 +57,7 @@ LANGUAGE = [
     "find . -name '*.py' | xargs wc -l; ls | xargs -n1 echo item; printf 'a\\nb\\n' | xargs -I{} echo '<{}>'",
     "paste -d, data.csv notes.txt; cut -d, -f3 data.csv | paste -sd+ | bc; nl -ba notes.txt; rev notes.txt; tac data.csv",
     "printf '1\\n2\\n' > f1; printf '1\\n3\\n' > f2; diff f1 f2; echo rc=$?; comm f1 f2; diff -q f1 f2; join f1 f2",
+    "diff <(sort data.csv) <(sort -r data.csv); printf 'e\\nf\\nf\\n' > g1; printf 'e\\nf\\n' > g2; diff g1 g2; diff -u g2 g1 | tail -n +3",
     "echo 'scale=2; 10/3; 1/3; 2^10; 3.5*2' | bc; expr 3 + 4; expr length hello; expr 0 + 0; echo rc=$?",
     "column -t -s, data.csv; realpath data.csv | wc -c; sha256sum data.csv notes.txt",
     "func() { local n=$1; if (( n <= 1 )); then echo 1; else echo $(( n * $(func $((n-1))) )); fi; }; func 6",

@@ -8,6 +8,7 @@ from decimal import ROUND_DOWN, Decimal, InvalidOperation, getcontext
 
 from compactrl.envs.shell_sim.common import getopt, missing, read_input
 from compactrl.envs.shell_sim.fs import FsError
+from compactrl.envs.shell_sim.gnudiff import opcodes as gnu_opcodes
 from compactrl.envs.shell_sim.shell import IO, Shell
 
 SIM_MTIME = "2026-01-01 00:00:00.000000000 +0000"
@@ -40,7 +41,7 @@ def cmd_diff(sh: Shell, args: list[str], io: IO) -> int:
     if o.has("q"):
         io.out.write(f"Files {o.operands[0]} and {o.operands[1]} differ\n")
         return 1
-    ops = difflib.SequenceMatcher(None, [key(x) for x in a], [key(x) for x in b], autojunk=False).get_opcodes()
+    ops = gnu_opcodes([key(x) for x in a], [key(x) for x in b])
     if o.has("u") or o.has("U"):
         context = int(o.last("U", "3") or 3)
         io.out.write(f"--- {o.operands[0]}\t{SIM_MTIME}\n+++ {o.operands[1]}\t{SIM_MTIME}\n")
