@@ -39,8 +39,9 @@ def _read_all(sh: Shell, io: IO, name: str, paths: list[str]) -> list[str] | Non
 _XARGS_QUOTE = re.compile(r"""'([^'\n]*)'|"([^"\n]*)"|\\(.)|([^\s'"\\]+)|(\s+)""", re.DOTALL)
 
 
-def _xargs_items(text: str, io: IO) -> list[str] | None:
-    """Blank-separated items with xargs' own quoting and backslashes."""
+def _xargs_items(text: str, io: IO) -> tuple[list[str], bool]:
+    """Blank-separated items with xargs' own quoting and backslashes, and whether all of the input
+    could be read (an unmatched quote stops it: the items before it still run, as in GNU)."""
     items, cur, live = [], [], False
     pos = 0
     while pos < len(text):
@@ -49,7 +50,7 @@ def _xargs_items(text: str, io: IO) -> list[str] | None:
             quote = "single" if text[pos] == "'" else "double"
             io.err.write(f"xargs: unmatched {quote} quote; by default quotes are special to xargs unless you "
                          "use the -0 option\n")
-            return None
+            return items, False
         pos = m.end()
         if m.group(5) is not None:
             if live:
@@ -60,7 +61,7 @@ def _xargs_items(text: str, io: IO) -> list[str] | None:
         live = True
     if live:
         items.append("".join(cur))
-    return items
+    return items, True
 
 
 def _xargs_line(line: str, io: IO) -> str | None:
@@ -111,10 +112,9 @@ def cmd_xargs(sh: Shell, args: list[str], io: IO) -> int:
         if bad:
             return _xargs_run(sh, io, _xargs_batches(o, command_of(o), items), o.has("t")) or 1
     else:
-        parsed = _xargs_items(data, io)
-        if parsed is None:
-            return 1
-        items = parsed
+        items, complete = _xargs_items(data, io)
+        if not complete:  # what was read before the bad quote still runs; nothing runs for nothing
+            return (_xargs_run(sh, io, _xargs_batches(o, command_of(o), items), o.has("t")) if items else 0) or 1
     return _xargs_run(sh, io, _xargs_batches(o, command_of(o), items), o.has("t"))
 
 
