@@ -382,7 +382,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from compactrl.policies.serve import serve_config
+    from compactrl.policies.serve import serve_config, serve_until_signal
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -392,8 +392,5 @@ def run(args: argparse.Namespace) -> int:
     gateway = Gateway(engine, config)
     print(f"compactrl gateway: model {config.serve.model_name!r} on {gateway.url}/v1, "
           f"sessions in {gateway.recorder.directory}", flush=True)
-    try:
-        gateway.serve_forever()
-    finally:
-        gateway.server_close()
+    serve_until_signal(gateway)
     return 0

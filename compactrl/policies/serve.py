@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import queue
+import signal
 import socket
 import threading
 import time
@@ -662,8 +663,18 @@ def run(args: argparse.Namespace) -> int:
     policy, default_name = load_policy(args)
     server = make_server(policy, serve_config(args, default_name))
     print(f"compactrl serve: model {server.config.model_name!r} on {server.url}/v1", flush=True)
-    try:
-        server.serve_forever()  # uvicorn handles SIGINT/SIGTERM in the main thread: a graceful stop
-    finally:
-        server.server_close()
+    serve_until_signal(server)
     return 0
+
+
+def serve_until_signal(server: ApiServer) -> None:
+    """Serve in a background thread until SIGINT or SIGTERM, then stop gracefully (exit status 0;
+    uvicorn in the main thread would re-raise the signal after its own shutdown)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    try:
+        stop.wait()
+    finally:
+        server.stop()
