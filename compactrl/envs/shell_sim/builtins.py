@@ -65,16 +65,22 @@ def cmd_exit(sh: Shell, args: list[str], io: IO) -> int:
     raise ExitShell(int(args[0]) & 255)
 
 
-def cmd_export(sh: Shell, args: list[str], io: IO) -> int:
+def assign_words(sh: Shell, args: list[str], io: IO, builtin: str, export: bool) -> int:
+    """``NAME[=value]`` arguments of ``export`` and ``declare``."""
     for a in args:
         name, eq, value = a.partition("=")
         if not name.isidentifier():
-            sh.shell_error(io.err, f"export: `{a}': not a valid identifier")
+            sh.shell_error(io.err, f"{builtin}: `{a}': not a valid identifier")
             return 1
         if eq:
             sh.vars[name] = value
-        sh.exported.add(name)
+        if export:
+            sh.exported.add(name)
     return 0
+
+
+def cmd_export(sh: Shell, args: list[str], io: IO) -> int:
+    return assign_words(sh, args, io, "export", export=True)
 
 
 def cmd_unset(sh: Shell, args: list[str], io: IO) -> int:

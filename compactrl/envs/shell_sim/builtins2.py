@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from compactrl.envs.shell_sim.builtins import assign_words
 from compactrl.envs.shell_sim.fs import FsError
 from compactrl.envs.shell_sim.parser import parse
 from compactrl.envs.shell_sim.shell import (
@@ -76,22 +77,9 @@ def cmd_declare(sh: Shell, args: list[str], io: IO) -> int:
         sh.shell_error(io.err, f"declare: sim-shell: unsupported options -{flags}")
         return 2
     names = [a for a in args if not a.startswith("-")]
-    if "x" in flags:
-        from compactrl.envs.shell_sim.builtins import cmd_export
-
-        return cmd_export(sh, names, io)
-    return cmd_local(sh, names, io) if sh.scopes and "g" not in flags else _assign_all(sh, names, io)
-
-
-def _assign_all(sh: Shell, names: list[str], io: IO) -> int:
-    for a in names:
-        name, eq, value = a.partition("=")
-        if not name.isidentifier():
-            sh.shell_error(io.err, f"declare: `{a}': not a valid identifier")
-            return 1
-        if eq:
-            sh.vars[name] = value
-    return 0
+    if sh.scopes and "g" not in flags and "x" not in flags:
+        return cmd_local(sh, names, io)
+    return assign_words(sh, names, io, "declare", export="x" in flags)
 
 
 _SET_OPTIONS = {"e": "errexit", "u": "nounset"}

@@ -169,6 +169,7 @@ _RUNNERS = {"if": _run_if, "for": _run_for, "arith_for": _run_arith_for, "while"
 
 # ===================================================================== functions
 def call_function(sh: Shell, name: str, args: list[str], io: IO) -> int:
+    sh.limits.tick()  # depth bounds recursion; this bounds its breadth (f() { f; f; })
     body = sh.functions[name]
     if len(sh.scopes) >= sh.limits.max_depth:
         sh.shell_error(io.err, f"{name}: maximum function nesting level exceeded ({sh.limits.max_depth})")

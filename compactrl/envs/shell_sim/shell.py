@@ -104,7 +104,7 @@ class Limits:
     """What one command line may use; shared by every subshell of that line.
 
     ``deadline`` is a ``time.monotonic()`` value; ``iterations`` counts loop iterations and
-    function calls against ``max_iterations``; ``max_depth`` bounds function nesting.
+    shell-function calls against ``max_iterations``; ``max_depth`` bounds function nesting.
     """
 
     deadline: float = float("inf")
@@ -116,7 +116,7 @@ class Limits:
     def tick(self) -> None:
         self.iterations += 1
         if self.iterations > self.max_iterations:
-            self.reason = f"more than {self.max_iterations} loop iterations"
+            self.reason = f"more than {self.max_iterations} loop iterations and function calls"
             raise TimeLimit()
         if self.iterations & 63 == 0 and time.monotonic() > self.deadline:
             self.reason = "the time budget"
@@ -459,7 +459,6 @@ class Shell:
 
     def call(self, name: str, args: list[str], io: IO, functions: bool = True) -> int:
         """Run a function, builtin or utility by name (``command`` and ``xargs`` skip functions)."""
-        self.limits.tick()
         if functions and name in self.functions:
             from compactrl.envs.shell_sim.control import call_function
 
