@@ -316,3 +316,20 @@ def test_only_info_trace_is_read():
     col = TraceCollector([TwoKeysEnv], EchoPolicy(), episodes_per_batch=1)
     batch = col.next()
     assert batch.batch_size[0] == col.last_episode_stats[0].num_traces == 2
+
+
+@given(n_envs=st.integers(1, 4), traces=st.lists(st.integers(1, 4), min_size=0, max_size=7))
+def test_property_collect_runs_every_entry_once_in_order(n_envs, traces):
+    class PerTaskEnv(FakeTraceEnv):
+        def reset(self, *, seed=None, options=None):
+            self.num_traces = options["traces"]
+            obs, info = super().reset(seed=seed, options=options)
+            self.task = options["name"]
+            return obs, {**info, "task_id": options["name"]}
+
+    col = TraceCollector([PerTaskEnv] * n_envs, EchoPolicy(), episodes_per_batch=1)
+    batch = col.collect([{"name": f"task-{i}", "traces": k} for i, k in enumerate(traces)])
+    stats = col.last_episode_stats
+    assert [s.task_id for s in stats] == [f"task-{i}" for i in range(len(traces))]
+    assert [s.num_traces for s in stats] == traces
+    assert (batch is None) == (not traces) and (batch is None or batch.batch_size[0] == sum(traces))
