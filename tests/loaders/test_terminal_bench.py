@@ -96,6 +96,7 @@ def test_eval_cli_prints_json_per_task_and_overall(capsys) -> None:
     assert out["config"]["policy"] == "gold" and out["episodes"][0]["task_id"] == "count-errors"
 
 
-def test_eval_cli_rejects_a_bad_path() -> None:
-    with pytest.raises(SystemExit):
+def test_eval_cli_rejects_a_bad_path(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
         main(["eval", "--tasks", "/nonexistent/tasks.jsonl", "--policy", "noop"])
+    assert exc.value.code == 2 and capsys.readouterr().err.startswith("compactrl eval: error: --tasks:")
