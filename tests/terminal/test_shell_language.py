@@ -11,6 +11,8 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compactrl.envs.shell_sim import ShellEmulator, execute
 from compactrl.testing.shell_agreement import Case, check_case
@@ -146,3 +148,18 @@ def test_the_sim_never_executes_agent_code_in_the_host_process(tmp_path, monkeyp
             assert "sim-shell: unsupported: running programs (python)" in res.output
     assert not marker.exists() and not (tmp_path / "pwned.d").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+# ===================================================================== malformed input
+SOUP = list("$(){}[]'\"`\\;|&<>!#*?=+-%/:,. \n\tabcx01") + [
+    "$(", "$((", "${", "))", "for ", "do ", "done", "if ", "then ", "fi", "case ", " in ", "esac", ";;", "[[ ", " ]]",
+    "while ", "read ", "<<", "EOF", "f()", "{ ", " }", "echo ", "xargs ", "<(", "$x", "${x:-", "${x#", "${x/",
+    "local ", "return ", "break", "set -e;", "$((1/0))", "x=$(", "`"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(SOUP), max_size=30))
+def test_malformed_shell_language_is_an_observation(pieces: list[str]) -> None:
+    res = ShellEmulator({"a": "x\n"}).run("".join(pieces), timeout_s=5)
+    assert isinstance(res.exit_code, int) and 0 <= res.exit_code <= 255
+    assert "internal error" not in res.output and "too deeply nested" not in res.output

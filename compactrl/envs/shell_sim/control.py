@@ -193,11 +193,9 @@ def call_function(sh: Shell, name: str, args: list[str], io: IO) -> int:
 # ===================================================================== ${NAME<op>ARG}
 def _pattern(sh: Shell, arg: str) -> tuple[str, list[bool]]:
     """The pattern argument of ``#``, ``%``, ``/``: expanded, with quoted characters literal."""
-    from compactrl.envs.shell_sim.parser import lex_text
-
     chars: list[str] = []
     mask: list[bool] = []
-    for p in lex_text(arg):
+    for p in sh.lex(arg):
         text = sh.param_op(p) if p.var else p.text
         chars.append(text)
         mask.extend([p.quoted] * len(text))

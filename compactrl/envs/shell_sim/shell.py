@@ -26,6 +26,7 @@ from compactrl.envs.shell_sim.parser import (
     Pipeline,
     Redirect,
     ShellSyntaxError,
+    Unsupported,
     Word,
     lex_text,
     parse,
@@ -610,7 +611,17 @@ class Shell:
         """``text`` with its expansions done and quotes removed, as one string (no splitting)."""
         if "$" not in text and "`" not in text and (heredoc or not any(c in text for c in "'\"\\")):
             return text
-        return self.expand_word(Word(lex_text(text, heredoc=heredoc), text), split=False)[0]
+        return self.expand_word(Word(self.lex(text, heredoc), text), split=False)[0]
+
+    def lex(self, text: str, heredoc: bool = False) -> list[Part]:
+        """:func:`lex_text` at expansion time: a malformed piece (an unclosed ``$(`` inside
+        ``${x:-...}``) abandons the command as a bad substitution."""
+        try:
+            return lex_text(text, heredoc=heredoc)
+        except (ShellSyntaxError, Unsupported) as exc:
+            what = "bad substitution" if isinstance(exc, ShellSyntaxError) else f"sim-shell: unsupported: {exc}"
+            self.shell_error(TerminalSink(self.term, 2), f"{text}: {what}")
+            raise AbortCommand(1) from None
 
     def expand_heredoc(self, body: str) -> str:
         return self.expand_text(body.replace("\\\n", ""), heredoc=True)
