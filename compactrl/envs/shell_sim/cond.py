@@ -23,6 +23,7 @@ class CondError(Exception):
 class _Cond:
     def __init__(self, sh: Shell, toks: list) -> None:
         self.sh, self.toks, self.i = sh, toks, 0
+        self.skip = False  # inside the operand of a short-circuited && or ||: parse, do not expand
 
     def peek_op(self) -> str | None:
         """The current token when it is an operator (a bare word such as ``&&`` or ``-f``)."""
@@ -36,8 +37,8 @@ class _Cond:
     def word(self) -> str:
         kind, value = self.toks[self.i]
         self.i += 1
-        if kind == "op":
-            return value
+        if kind == "op" or self.skip:
+            return "" if self.skip else value
         return self.sh.expand_word(value, split=False)[0]
 
     def parse(self) -> bool:
@@ -50,28 +51,24 @@ class _Cond:
         value = self.and_()
         while self.peek_op() == "||":
             self.i += 1
-            rhs = self.and_()
-            value = value or rhs
+            value = self.operand(self.and_, skip=value) or value
         return value
 
     def and_(self) -> bool:
         value = self.not_()
         while self.peek_op() == "&&":
             self.i += 1
-            if not value:
-                self.not_skip()
-                continue
-            value = self.not_()
+            value = self.operand(self.not_, skip=not value) and value
         return value
 
-    def not_skip(self) -> None:
-        """Skip (without expanding) the operand of a short-circuited ``&&``."""
-        saved = self.sh.expand_word
-        self.sh.expand_word = lambda w, **kw: [""]  # type: ignore[method-assign]
+    def operand(self, parse, skip: bool) -> bool:
+        """The right operand of ``&&``/``||``; when ``skip`` it is only parsed (no expansion, no
+        ``BASH_REMATCH``), as bash does not evaluate it."""
+        outer, self.skip = self.skip, self.skip or skip
         try:
-            self.not_()
+            return parse()
         finally:
-            self.sh.expand_word = saved  # type: ignore[method-assign]
+            self.skip = outer
 
     def not_(self) -> bool:
         if self.peek_op() == "!":
@@ -105,12 +102,14 @@ class _Cond:
     def binary(self, left: str, op: str) -> bool:
         kind, value = self.toks[self.i]
         self.i += 1
-        if op in ("==", "=", "!="):
+        if op in ("==", "=", "!=") and not self.skip:
             from compactrl.envs.shell_sim.control import pattern_regex
 
             word = value if kind == "word" else Word([], value)
             matched = bool(pattern_regex(self.sh, word).fullmatch(left))
             return matched == (op != "!=")
+        if self.skip:
+            return False
         right = value if kind == "op" else self.sh.expand_word(value, split=False)[0]
         if op == "=~":
             return self.regex(left, value if kind == "word" else None, right)
