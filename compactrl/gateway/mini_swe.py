@@ -95,7 +95,9 @@ def _agent_class():
             return len(prompt_ids(self.fmt, ChatRequest(messages=clean, tools=[BASH_TOOL]), None))
 
         def query(self) -> dict:
-            if self.context_size(self.messages) > self.context_tokens and len(self.messages) > 2:
+            # compact only when the step limit leaves room for the summary and the call after it
+            room = self.config.step_limit == 0 or self.n_calls + 2 <= self.config.step_limit
+            if room and len(self.messages) > 2 and self.context_size(self.messages) > self.context_tokens:
                 self.compact()
             return super().query()
 
@@ -123,9 +125,15 @@ class EpisodeResult:
 
 
 def run_episode(gateway_url: str, model: str, session: str, task: Task, sandbox: Sandbox, fmt: ChatFormat, *,
-                context_tokens: int, step_limit: int = 6, max_tokens: int = 48, temperature: float = 1.0
-                ) -> EpisodeResult:
-    """One mini-swe-agent episode on ``task`` in a started ``sandbox``; the session ends with the check."""
+                context_tokens: int, step_limit: int = 6, max_tokens: int = 48, temperature: float = 1.0,
+                config_name: str = "mini.yaml", action_regex: str | None = None) -> EpisodeResult:
+    """One mini-swe-agent episode on ``task`` in a started ``sandbox``; the session ends with the check.
+
+    ``config_name``: one of mini-swe-agent's packaged configs, ``mini.yaml`` (``bash`` tool calls) or
+    ``default.yaml`` (text actions in a fenced block; its ``LitellmTextbasedModel``). ``action_regex``
+    sets that text model's own ``action_regex`` option (e.g. a first-line regex, so that a model too
+    small to write the fenced block still acts and its history grows as a real agent's does).
+    """
     offline_environment()
     import litellm
     from minisweagent.config import get_config_from_spec
@@ -133,8 +141,12 @@ def run_episode(gateway_url: str, model: str, session: str, task: Task, sandbox:
 
     litellm.suppress_debug_info = True  # its "Provider List" banner on every unpriced model
 
-    config = get_config_from_spec("mini.yaml")
+    config = get_config_from_spec(config_name)
     model_config = {**config.get("model", {}), "model_name": f"openai/{model}", "cost_tracking": "ignore_errors"}
+    if config_name == "default.yaml":
+        model_config["model_class"] = "litellm_textbased"
+    if action_regex is not None:
+        model_config["action_regex"] = action_regex
     model_config["model_kwargs"] = {**model_config.get("model_kwargs", {}), "api_base": f"{gateway_url}/s/{session}/v1",
                                     "api_key": "none", "max_tokens": max_tokens, "temperature": temperature,
                                     "num_retries": 0}
