@@ -517,12 +517,32 @@ CONSTRUCTS: list[tuple[str, re.Pattern]] = [(name, re.compile(rx)) for name, rx 
 """Labels for the corpus table: a command counts under every construct it contains."""
 
 
-_QUOTED_TEXT = re.compile(r"'[^']*'|\"[^\"$`]*\"")
+def _without_quoted_text(command: str) -> str:
+    """``command`` with the insides of quotes dropped (kept when a double-quoted string expands
+    something), scanning left to right so an apostrophe inside double quotes stays text."""
+    out, i = [], 0
+    while i < len(command):
+        c = command[i]
+        if c == "\\":
+            out.append(command[i:i + 2])
+            i += 2
+            continue
+        if c in "'\"":
+            j = i + 1
+            while j < len(command) and command[j] != c:
+                j += 2 if c == '"' and command[j] == "\\" else 1
+            body = command[i + 1:j]
+            out.append(c + (body if c == '"' and ("$" in body or "`" in body) else "") + c)
+            i = j + 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def constructs_of(command: str) -> list[str]:
     """The constructs ``command`` uses (quoted text, which only looks like code, left out)."""
-    code = _QUOTED_TEXT.sub("''", command)
+    code = _without_quoted_text(command)
     return [name for name, rx in CONSTRUCTS if rx.search(code)] or ["other"]
 
 
