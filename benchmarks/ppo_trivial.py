@@ -7,7 +7,7 @@ pipeline must raise it quickly. Everything on the path is the product's own: the
 :class:`~compactrl.types.Trace` per episode like the ContextBudget wrapper does,
 :class:`~compactrl.collectors.TraceCollector` batches generation, the critic computes values,
 :func:`~compactrl.algos.gae.trace_gae` the advantages, and :class:`~compactrl.algos.losses.CriticPPOLoss`
-(or GRPO) the update through :func:`compactrl.algos.trainer.ppo_update`.
+(or GRPO) the update through :class:`compactrl.algos.update.Updater`.
 
 Run::
 
@@ -72,7 +72,7 @@ def digit_token_ids(tokenizer) -> set[int]:
 def run(algo: str = "ppo", seconds: float = 60.0, episodes: int = 64, seed: int = 0, lr: float = 3e-3,
         max_iterations: int = 1000) -> list[dict]:
     from compactrl.algos.config import override, preset
-    from compactrl.algos.trainer import build_loss, compute_advantages, ppo_update
+    from compactrl.algos.update import Updater
     from compactrl.collectors import TraceCollector
     from compactrl.policies.critic import ValueModel
     from compactrl.policies.tiny_moe import tiny_moe
@@ -87,25 +87,20 @@ def run(algo: str = "ppo", seconds: float = 60.0, episodes: int = 64, seed: int 
     prompt = list(prompt["input_ids"] if not isinstance(prompt, list) else prompt)
     cfg = override(preset("main"), {
         "rl.algo": algo, "rl.lr": lr, "rl.critic_lr": 1e-2, "rl.epochs": 4, "rl.minibatches": 2,
-        "rl.critic_warmup_iters": 0, "rl.episodes_per_iter": episodes, "rl.group_size": 8, "rl.lmbda": 1.0,
+        "rl.critic_pretrain_steps": 0, "rl.episodes_per_iter": episodes, "rl.group_size": 8, "rl.lmbda": 1.0,
         "rl.whiten_advantages": True,
     })
     policy = TransformersPolicy(tiny_moe("glm4_moe", seed=seed), tok, temperature=1.0, max_new_tokens=1, seed=seed)
     critic = ValueModel.from_policy(policy) if algo == "ppo" else None
-    loss_module = build_loss(cfg, policy, critic)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.rl.lr)
-    critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.rl.critic_lr) if critic is not None else None
+    updater = Updater(cfg.rl, policy, critic, seed=seed)
     collector = TraceCollector([lambda: FirstTokenBandit(prompt, good)] * episodes, policy, episodes_per_batch=episodes,
                                group_size=cfg.rl.group_size if algo == "grpo" else 1, seed=seed,
                                pad_id=tok.pad_token_id or 0, give_task_to_policy=False)
-    gen = torch.Generator().manual_seed(seed)
     rows, t0 = [], time.perf_counter()
     for it in range(max_iterations):
         batch = collector.next()
         reward = collector.last_batch_stats["reward_mean"]
-        compute_advantages(batch, cfg, critic)
-        ppo_update(batch, loss_module=loss_module, policy=policy, critic=critic, opt=opt, critic_opt=critic_opt,
-                   cfg=cfg, train_policy=True, generator=gen)
+        updater.update(updater.advantages(batch))
         rows.append({"iteration": it, "reward": reward, "elapsed_s": time.perf_counter() - t0})
         log.info("iteration %d reward %.3f (%.1f s)", it, reward, rows[-1]["elapsed_s"])
         if rows[-1]["elapsed_s"] >= seconds:

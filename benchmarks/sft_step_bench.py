@@ -32,13 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from compactrl.algos.config import TrainConfig
+    from compactrl.algos.config import preset
     from compactrl.algos.packing import micro_batches
-    from compactrl.algos.sft import selected_log_probs, trim_padding
+    from compactrl.algos.sft import model_log_probs, trim_padding
     from compactrl.algos.trainer import build_policy, collect_demonstrations
     from compactrl.tokenizer import load_tokenizer
 
-    cfg = TrainConfig()
+    cfg = preset("main")
     tokenizer = load_tokenizer()
     policy, _ = build_policy(cfg, tokenizer)
     demos, _ = collect_demonstrations(cfg, tokenizer.pad_token_id or 0)
@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             log_probs = []
             for mb in parts:
                 select = mb["policy_mask"] & mb["attention_mask"]
-                select[:, 0] = False
-                log_probs.append(selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select))
+                log_probs.append(model_log_probs(policy, mb["tokens"], mb["attention_mask"], select))
             loss = -torch.cat(log_probs).mean()
             loss.backward()
             if step:

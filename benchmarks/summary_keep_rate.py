@@ -42,7 +42,7 @@ def probe(model_dir: str, *, temperature: float, episodes: int, seed: int) -> di
     tok = load_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     policy = TransformersPolicy(model, tok, temperature=temperature, seed=cfg.eval.seed,
-                                max_new_tokens=cfg.env.max_new_tokens, max_batch_size=cfg.env.num_envs * 4)
+                                max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
     first: dict[str, str] = {}
     facts: dict[str, dict] = {}
 

@@ -14,6 +14,7 @@ Run::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -23,18 +24,20 @@ import torch
 import compactrl  # noqa: F401  (registers CompactCode-v0)
 from compactrl.algos.losses import GRPOConfig, GRPOLoss, add_loss_normalizers, grpo_advantage
 from compactrl.algos.packing import micro_batches
-from compactrl.algos.sft import ReadingOrderOracle, copy_warmup, sft_train
+from compactrl.algos.sft import copy_warmup, sft_train
 from compactrl.collectors import TraceCollector, summarize_episodes
+from compactrl.policies.demonstrators import ReadingOrderOracle
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.tokenizer import load_tokenizer
+from compactrl.tokenizer import shared_tokenizer
+from compactrl.wrappers import ContextBudgetConfig
 
 TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"
 
 # -- configuration ---------------------------------------------------------------------------------
 SEED = 0
-ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=860, reserve=64,
-                  tool_output_cap=192, max_compactions=4, max_turns=12)
+ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), max_turns=12)
+CONTEXT = ContextBudgetConfig(budget=860, reserve=64, tool_output_cap=192, max_compactions=4)  # the wrapper
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
 DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 300, 3e-3)
@@ -53,19 +56,20 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 log = logging.getLogger("train_grpo")
 torch.manual_seed(SEED)
 if TINY:  # the smoke run must fit a small context
-    ENV_KWARGS.update(budget=640, reserve=16, tool_output_cap=64, max_turns=3)
-tokenizer = load_tokenizer()
+    ENV_KWARGS.update(max_turns=3)
+    CONTEXT = dataclasses.replace(CONTEXT, budget=640, reserve=16, tool_output_cap=64)
+tokenizer = shared_tokenizer()
 pad_id = tokenizer.pad_token_id or 0
 
 
 def make_env(split: str, budget: int | None = None):
-    kwargs = {**ENV_KWARGS, "budget": budget or ENV_KWARGS["budget"]}
-    return lambda: gym.make("CompactCode-v0", split=split, **kwargs)
+    context = dataclasses.replace(CONTEXT, budget=budget or CONTEXT.budget)
+    return lambda: gym.make("CompactCode-v0", split=split, context_budget=context, **ENV_KWARGS)
 
 
 policy = TransformersPolicy(tiny_moe("glm4_moe", seed=SEED, **MODEL), tokenizer, temperature=1.0,
-                            max_new_tokens=ENV_KWARGS["reserve"], seed=SEED)
-greedy = TransformersPolicy(policy.model, tokenizer, temperature=0.0, max_new_tokens=ENV_KWARGS["reserve"])
+                            max_new_tokens=CONTEXT.reserve, seed=SEED)
+greedy = TransformersPolicy(policy.model, tokenizer, temperature=0.0, max_new_tokens=CONTEXT.reserve)
 
 
 def evaluate() -> float:

@@ -1,11 +1,14 @@
-"""Critic PPO with token-level GAE over compacted rollouts on CompactCode-v0.
+"""Critic PPO with token-level GAE over compacted rollouts on CompactCode-v0 (the reference recipe).
 
 A self-contained script in the style of TorchRL's examples: the configuration is at the top, the
 loop reads top to bottom (collect -> values -> GAE -> PPO epochs -> evaluate). It warm-starts a
 tiny GLM-4-MoE-architecture model on oracle demonstrations whose summaries drop facts, then
-trains it with PPO (``BOUNDARY``: GAE restarts at every trace, or runs across the compaction
-boundaries). ``compactrl train`` runs the same algorithm with checkpoints, resume and
-plots; this file shows the moving parts.
+trains it with PPO as ``compactrl train --preset compactionrl`` does: gamma 1, a length-adaptive
+lambda ``1 - 1/(1.5 l)`` over each episode's policy tokens, value targets at lambda 1, GAE across
+the compaction boundaries (``BOUNDARY``), a critic initialised from the SFT policy and pre-trained
+alone on fresh rollouts before the first policy update, two critic steps per policy step.
+``compactrl train`` runs the same algorithm with checkpoints, resume and plots; this file shows
+the moving parts.
 
 Run::
 
@@ -15,6 +18,7 @@ Run::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -25,19 +29,21 @@ import compactrl  # noqa: F401  (registers CompactCode-v0)
 from compactrl.algos.gae import trace_gae
 from compactrl.algos.losses import CriticPPOConfig, CriticPPOLoss, add_loss_normalizers, whiten_advantages
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
-from compactrl.algos.sft import ReadingOrderOracle, copy_warmup, sft_train
+from compactrl.algos.sft import copy_warmup, sft_train
 from compactrl.collectors import TraceCollector, summarize_episodes
 from compactrl.policies.critic import ValueModel
+from compactrl.policies.demonstrators import ReadingOrderOracle
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.tokenizer import load_tokenizer
+from compactrl.tokenizer import shared_tokenizer
+from compactrl.wrappers import ContextBudgetConfig
 
 TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"
 
 # -- configuration ---------------------------------------------------------------------------------
 SEED = 0
-ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), budget=860, reserve=64,
-                  tool_output_cap=192, max_compactions=4, max_turns=12)
+ENV_KWARGS = dict(difficulty="tiny", tools=("view", "replace", "test", "submit"), max_turns=12)
+CONTEXT = ContextBudgetConfig(budget=860, reserve=64, tool_output_cap=192, max_compactions=4)  # the wrapper
 NUM_ENVS = 2 if TINY else 16
 MODEL = dict(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1) if TINY else dict(hidden_size=128)
 DEMO_EPISODES, COPY_STEPS, SFT_STEPS, SFT_LR = (2, 2, 2, 3e-3) if TINY else (512, 200, 300, 3e-3)
@@ -48,9 +54,10 @@ ITERATIONS = 2 if TINY else 10
 EPISODES_PER_ITER = 2 if TINY else 32
 EPOCHS, MICRO_BATCH_TOKENS = 2, 8192
 LR, CRITIC_LR = 1e-4, 1e-3
-GAMMA, LMBDA = 1.0, 0.95
-BOUNDARY = "cut"  # each trace ends with the rollout's reward; "bootstrap" runs GAE across traces
-                  # through the critic, which pays off once the critic is trained (docs/training.md)
+GAMMA, LMBDA_ALPHA, VALUE_LMBDA = 1.0, 1.5, 1.0  # lambda = 1 - 1/(LMBDA_ALPHA * policy tokens of the episode)
+BOUNDARY = "bootstrap"  # GAE runs across traces; "cut" ends each trace with the rollout's reward
+CRITIC_PRETRAIN_BATCHES = 1 if TINY else 6  # critic-only batches before the first policy update
+CRITIC_UPDATES = 2                          # critic steps per policy step
 EVAL_EPISODES = 2 if TINY else 32
 # ---------------------------------------------------------------------------------------------------
 
@@ -58,19 +65,20 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 log = logging.getLogger("train_ppo")
 torch.manual_seed(SEED)
 if TINY:  # the smoke run must fit a small context
-    ENV_KWARGS.update(budget=640, reserve=16, tool_output_cap=64, max_turns=3)
-tokenizer = load_tokenizer()
+    ENV_KWARGS.update(max_turns=3)
+    CONTEXT = dataclasses.replace(CONTEXT, budget=640, reserve=16, tool_output_cap=64)
+tokenizer = shared_tokenizer()
 pad_id = tokenizer.pad_token_id or 0
 
 
 def make_env(split: str, budget: int | None = None):
-    kwargs = {**ENV_KWARGS, "budget": budget or ENV_KWARGS["budget"]}
-    return lambda: gym.make("CompactCode-v0", split=split, **kwargs)
+    context = dataclasses.replace(CONTEXT, budget=budget or CONTEXT.budget)
+    return lambda: gym.make("CompactCode-v0", split=split, context_budget=context, **ENV_KWARGS)
 
 
 policy = TransformersPolicy(tiny_moe("glm4_moe", seed=SEED, **MODEL), tokenizer, temperature=1.0,
-                            max_new_tokens=ENV_KWARGS["reserve"], seed=SEED)
-greedy = TransformersPolicy(policy.model, tokenizer, temperature=0.0, max_new_tokens=ENV_KWARGS["reserve"])
+                            max_new_tokens=CONTEXT.reserve, seed=SEED)
+greedy = TransformersPolicy(policy.model, tokenizer, temperature=0.0, max_new_tokens=CONTEXT.reserve)
 
 
 def evaluate() -> float:
@@ -98,31 +106,42 @@ demos = demonstrations(ReadingOrderOracle(SUMMARY_QUALITY, seed=SEED + 1000, rep
 sft_train(policy, demos, steps=SECOND_STEPS, lr=SECOND_LR, batch_traces=16 if not TINY else 2)
 log.info("held-out success after SFT: %.3f", evaluate())
 
-# 2. PPO: a critic initialised from the policy, one loss module with both halves
+# 2. PPO: a critic initialised from the SFT policy, one loss module with both halves
 critic = ValueModel.from_policy(policy)
 loss_module = CriticPPOLoss(policy, critic, CriticPPOConfig(clip_eps_low=0.2, clip_eps_high=0.2))
 optim = torch.optim.AdamW(policy.parameters(), lr=LR)
 critic_optim = torch.optim.AdamW(critic.parameters(), lr=CRITIC_LR)
 collector = TraceCollector([make_env("train")] * NUM_ENVS, policy, episodes_per_batch=EPISODES_PER_ITER,
-                           total_batches=ITERATIONS, seed=SEED + 1, pad_id=pad_id, give_task_to_policy=False)
+                           total_batches=CRITIC_PRETRAIN_BATCHES + ITERATIONS, seed=SEED + 1, pad_id=pad_id,
+                           give_task_to_policy=False)
 
-for i, batch in enumerate(collector):
+
+def advantages(batch):
     batch["value"] = torch.zeros(batch["tokens"].shape)
     with torch.no_grad():                                   # the critic's value at every token, packed
         for rows in pack_rows(row_lengths(batch["attention_mask"]), MICRO_BATCH_TOKENS):
             batch["value"][rows] = critic.value(batch["tokens"][rows], batch["attention_mask"][rows])
-    trace_gae(batch, gamma=GAMMA, lmbda=LMBDA, boundary=BOUNDARY,   # token-level GAE over each trace;
-              truncation="terminal")                           # a run cut at the turn limit ends at its reward
+    trace_gae(batch, gamma=GAMMA, length_adaptive_alpha=LMBDA_ALPHA, value_lmbda=VALUE_LMBDA,  # token-level GAE
+              boundary=BOUNDARY, truncation="terminal")     # a run cut at the turn limit ends at its reward
     whiten_advantages(batch)
-    add_loss_normalizers(batch)                              # per-token normalisation over the batch
+    return add_loss_normalizers(batch)                      # per-token normalisation over the batch
+
+
+def step(opt, loss_fn, key, params, batch):
+    opt.zero_grad()
+    for mb in micro_batches(batch, MICRO_BATCH_TOKENS):     # gradients accumulate over micro-batches
+        loss_fn(mb)[key].backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+
+
+for i, batch in enumerate(collector):
+    batch = advantages(batch)
     for _ in range(EPOCHS):
-        for opt, key in ((critic_optim, "loss_critic"), (optim, "loss_objective")):
-            opt.zero_grad()
-            for mb in micro_batches(batch, MICRO_BATCH_TOKENS):
-                out = loss_module.critic_loss(mb) if key == "loss_critic" else loss_module.actor_loss(mb)
-                out[key].backward()
-            torch.nn.utils.clip_grad_norm_(critic.parameters() if key == "loss_critic" else policy.parameters(), 1.0)
-            opt.step()
+        for _ in range(CRITIC_UPDATES):
+            step(critic_optim, loss_module.critic_loss, "loss_critic", critic.parameters(), batch)
+        if i >= CRITIC_PRETRAIN_BATCHES:                    # the critic trains alone on the first batches
+            step(optim, loss_module.actor_loss, "loss_objective", policy.parameters(), batch)
     collector.update_policy_weights_()
     stats = collector.last_batch_stats
     log.info("iteration %d: train success %.3f, traces/episode %.2f, summary tokens/episode %.1f",

@@ -1,4 +1,5 @@
-"""Algorithms: GAE (flat and across traces), critic PPO and GRPO losses, packing, the training loop.
+"""Algorithms: GAE (flat and across traces), critic PPO and GRPO losses, packing, the update step, the
+training loop.
 
 Names resolve lazily (one line per name below), so that importing a light module such as
 ``compactrl.algos.config`` does not import torchrl.
@@ -22,9 +23,9 @@ _EXPORTS = {
     "add_loss_normalizers": "compactrl.algos.losses",
     "grpo_advantage": "compactrl.algos.losses",
     "whiten_advantages": "compactrl.algos.losses",
-    "LossBundle": "compactrl.algos.losses",
     "build_losses": "compactrl.algos.losses",
     "advantage_estimator": "compactrl.algos.losses",
+    "Updater": "compactrl.algos.update",
     "pack_rows": "compactrl.algos.packing",
     "micro_batches": "compactrl.algos.packing",
     "padding_share": "compactrl.algos.packing",

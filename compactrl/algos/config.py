@@ -1,9 +1,13 @@
 """Typed training configuration: one frozen dataclass per concern, named presets, validation.
 
-The CLI (``compactrl train --help``) is generated from these classes: every field becomes an
-option ``--<section>.<field>`` and its docstring becomes the help text (see
-:func:`field_docs`). Presets are complete :class:`TrainConfig` values; overrides go through
-:func:`override` so that validation always runs.
+One config tree: :class:`EnvConfig` nests the ContextBudget wrapper's own
+:class:`~compactrl.wrappers.ContextBudgetConfig`, and :class:`RLConfig` nests the loss
+configurations (:class:`CriticPPOConfig`, :class:`GRPOConfig`, defined here and used by
+:mod:`compactrl.algos.losses`), so every option has one name and one default from the trainer down
+to what it configures. The CLI (``compactrl train --help``) is generated from these classes: every
+leaf field becomes an option ``--<section>.<field>`` (``--env.context_budget.budget``) and its
+docstring becomes the help text (see :func:`field_docs`). Presets are complete :class:`TrainConfig`
+values; overrides go through :func:`override` so that validation always runs.
 """
 
 from __future__ import annotations
@@ -18,10 +22,27 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from compactrl.wrappers.context_budget import ContextBudgetConfig
+
 
 def _check(cond: bool, name: str, expected: str, got: Any) -> None:
     if not cond:
         raise ValueError(f"{name}: expected {expected}, got {got!r}")
+
+
+def _choices(tp: Any) -> tuple:
+    """The values of a ``Literal`` type."""
+    return typing.get_args(tp)
+
+
+Backend = Literal["sim", "local", "docker"]
+Difficulty = Literal["tiny", "easy", "default", "hard", "long_noisy"]
+Arch = Literal["glm4_moe", "qwen3_moe", "mixtral"]
+Demonstrator = Literal["reading_order", "reproduce_first", "oracle"]
+Truncation = Literal["terminal", "bootstrap_last"]
+"""End of a truncated episode in GAE (``compactrl.algos.gae.trace_gae``'s ``truncation``)."""
+DEFAULT_TRUNCATION: Truncation = "terminal"
+"""The one default of ``truncation``, here and in :func:`compactrl.algos.gae.trace_gae`."""
 
 
 @dataclass(frozen=True)
@@ -30,34 +51,28 @@ class EnvConfig:
 
     env_id: str = "CompactCode-v0"
     """Gymnasium id (``import compactrl`` registers it)."""
-    backend: str = "sim"
+    backend: Backend = "sim"
     """Sandbox backend: ``sim`` (in-process), ``local`` (bubblewrap) or ``docker``."""
-    difficulty: str = "tiny"
-    """Task-generator preset (``tiny``, ``easy``, ``default``, ``hard``)."""
+    difficulty: Difficulty = "tiny"
+    """Task-generator preset."""
     tools: str = "view,replace,test,submit"
     """Comma-separated tools the env accepts and its system prompt lists (empty: the env's full set)."""
-    context_budget: int = 860
-    """Context budget in tokens; the wrapper asks for a summary before a response would exceed it."""
-    max_new_tokens: int = 64
-    """Longest response (tokens) the policy may generate per step."""
-    max_compactions: int = 4
-    """Summaries allowed per episode; exceeding the budget after that truncates the episode."""
-    tool_output_cap: int = 192
-    """Longest tool output (tokens) kept in the context; longer ones are clipped head + tail."""
     max_turns: int = 12
     """Env steps (responses, summaries excluded) before the episode is truncated."""
     num_envs: int = 16
     """Environments stepped in lock-step by the collector (one batched generation per round)."""
     env_kwargs: str = "{}"
     """Extra keyword arguments for ``gym.make`` as a JSON object (e.g. generator knobs)."""
+    context_budget: ContextBudgetConfig = field(default_factory=ContextBudgetConfig)
+    """The ContextBudget wrapper (``gym.make(env_id, context_budget=...)``); its ``reserve`` is also
+    the longest response the policy generates."""
 
     def __post_init__(self) -> None:
-        _check(self.backend in ("sim", "local", "docker"), "env.backend", "sim|local|docker", self.backend)
-        for name in ("context_budget", "max_new_tokens", "max_turns", "num_envs", "tool_output_cap"):
+        _check(self.backend in _choices(Backend), "env.backend", "|".join(_choices(Backend)), self.backend)
+        _check(self.difficulty in _choices(Difficulty), "env.difficulty", "|".join(_choices(Difficulty)),
+               self.difficulty)
+        for name in ("max_turns", "num_envs"):
             _check(getattr(self, name) >= 1, f"env.{name}", ">= 1", getattr(self, name))
-        _check(self.max_compactions >= 0, "env.max_compactions", ">= 0", self.max_compactions)
-        _check(self.max_new_tokens < self.context_budget, "env.max_new_tokens",
-               f"< context_budget ({self.context_budget})", self.max_new_tokens)
         try:
             extra = json.loads(self.env_kwargs)
         except json.JSONDecodeError as exc:
@@ -65,14 +80,16 @@ class EnvConfig:
         _check(isinstance(extra, dict), "env.env_kwargs", "a JSON object", self.env_kwargs)
         _check(not (self.tools and "tools" in extra), "env.env_kwargs",
                "no 'tools' key when env.tools is set (set one of them)", self.env_kwargs)
+        clash = sorted(set(extra) & ({f.name for f in dataclasses.fields(ContextBudgetConfig)} | {"context_budget"}))
+        _check(not clash, "env.env_kwargs", "no ContextBudget options (set env.context_budget.*)", clash)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy: a tiny randomly initialised MoE model of a real architecture (or a saved one)."""
 
-    arch: str = "glm4_moe"
-    """Architecture of the tiny model (``glm4_moe``, ``qwen3_moe``, ``mixtral``)."""
+    arch: Arch = "glm4_moe"
+    """Architecture of the tiny model."""
     hidden_size: int = 128
     """Residual width."""
     num_layers: int = 2
@@ -88,17 +105,17 @@ class ModelConfig:
     temperature: float = 1.0
     """Sampling temperature while collecting training rollouts."""
     critic_head_init: float = 0.0
-    """Initial value of the critic's output (bias); weights of the head start at zero."""
+    """Initial value of the critic everywhere (the bias of its value head; the head's weights start
+    at zero). An estimate of the success rate after SFT starts the critic near the mean return."""
 
     def __post_init__(self) -> None:
-        _check(self.arch in ("glm4_moe", "qwen3_moe", "mixtral"), "model.arch",
-               "glm4_moe|qwen3_moe|mixtral", self.arch)
+        _check(self.arch in _choices(Arch), "model.arch", "|".join(_choices(Arch)), self.arch)
         for name in ("hidden_size", "num_layers", "num_experts", "experts_per_token"):
             _check(getattr(self, name) >= 1, f"model.{name}", ">= 1", getattr(self, name))
         _check(self.temperature > 0, "model.temperature", "> 0", self.temperature)
 
 
-DEMONSTRATORS = ("reading_order", "reproduce_first", "oracle")
+DEMONSTRATORS = _choices(Demonstrator)
 """The scripted demonstrators SFT can imitate (``SFTConfig.demonstrator``)."""
 
 
@@ -112,7 +129,7 @@ class SFTConfig:
     """Oracle episodes collected through the same ContextBudget wrapper as training."""
     summary_quality: float = 0.5
     """Oracle summary quality in [0, 1]: the probability that each fact survives into a summary."""
-    demonstrator: Literal["reading_order", "reproduce_first", "oracle"] = "reading_order"
+    demonstrator: Demonstrator = "reading_order"
     """``reading_order``: reads candidate files in an order a learner can imitate;
     ``reproduce_first``: the same, but runs the tests before fixing and, after a summary that
     lost the stale line, views the bug file again (``ReadingOrderOracle(reproduce_first=True)``);
@@ -135,12 +152,12 @@ class SFTConfig:
     """Positions per forward pass: a step's traces run in length-packed micro-batches under this
     budget (same loss, less padding; memory, not the result, is what it trades)."""
     budget: int = 896
-    """Context budget of the demonstrations (0 = ``env.context_budget``). The default, roomier than
-    the training budget, lets most demonstrations write their fix before the first summary, so the
-    value lookup is learned from every demonstration (see docs/training.md, the main job)."""
+    """Context budget of the demonstrations (0 = ``env.context_budget.budget``). The default, roomier
+    than the training budget, lets most demonstrations write their fix before the first summary, so
+    the value lookup is learned from every demonstration (see docs/training.md, the main job)."""
     second_demonstrator: Literal["none", "reading_order", "reproduce_first", "oracle"] = "reproduce_first"
-    """A second SFT phase after the first, on this demonstrator's episodes at ``env.context_budget``
-    (``none``: no second phase)."""
+    """A second SFT phase after the first, on this demonstrator's episodes at
+    ``env.context_budget.budget`` (``none``: no second phase)."""
     second_steps: int = 100
     """Optimiser steps of the second phase."""
     second_lr: float = 1e-3
@@ -161,16 +178,92 @@ class SFTConfig:
         _check(self.second_lr > 0, "sft.second_lr", "> 0", self.second_lr)
 
 
+# -- the losses' options (compactrl.algos.losses reads them; defined here so that the config stays light) --
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """Options of the clipped policy objective shared by critic PPO and GRPO."""
+
+    clip_eps_low: float = 0.2
+    """Lower ratio clip: the ratio is kept above ``1 - clip_eps_low``."""
+    clip_eps_high: float = 0.2
+    """Upper ratio clip: the ratio is kept below ``1 + clip_eps_high`` (DAPO's clip-higher when larger)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (``loss_entropy = -entropy_coef * entropy``); 0 leaves the term out."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty towards the log-probs at ``kl_ref_key``; 0 leaves the term out."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """KL estimator per token: ``k1 = logp - ref`` or ``k3 = exp(ref - logp) - (ref - logp) - 1`` (>= 0)."""
+    kl_ref_key: str = "sample_log_prob"
+    """Entry holding the reference log-probs: ``sample_log_prob`` (the sampling policy's, in every
+    trace batch) or e.g. ``ref_log_prob`` written by a frozen reference model."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: when the batch has ``old_log_prob`` (the trainer's own
+    log-probs) beside ``sample_log_prob`` (another engine's), weight each token by
+    ``min(exp(old - sample), tis_cap)``; None disables it."""
+    train_summaries: bool = True
+    """Keep summary tokens in the policy loss; False masks them out (the critic still learns them)."""
+    normalization: Literal["token", "trace"] = "token"
+    """``token``: sum over loss tokens / loss tokens of the whole batch. ``trace``: every trace's mean
+    over its tokens, summed / traces of the whole batch (the original GRPO weighting)."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.clip_eps_low < 1, "clip_eps_low", "a value in (0, 1)", self.clip_eps_low)
+        _check(self.clip_eps_high > 0, "clip_eps_high", "> 0", self.clip_eps_high)
+        for name in ("entropy_coef", "kl_coef"):
+            _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
+        _check(self.kl_estimator in ("k1", "k3"), "kl_estimator", "k1|k3", self.kl_estimator)
+        _check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", "None or > 0", self.tis_cap)
+        _check(self.normalization in ("token", "trace"), "normalization", "token|trace", self.normalization)
+
+
+@dataclass(frozen=True)
+class CriticPPOConfig(PolicyLossConfig):
+    """Critic PPO: the policy options plus the value loss."""
+
+    value_clip_eps: float | None = 0.2
+    """Clip of the new value around the rollout's ``value`` (PPO2 value clipping); None disables it."""
+    critic_coef: float = 1.0
+    """Weight of ``loss_critic = critic_coef * 0.5 * mean (V - value_target)^2`` (per policy token)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.value_clip_eps is None or self.value_clip_eps > 0, "value_clip_eps", "None or > 0",
+               self.value_clip_eps)
+        _check(self.critic_coef >= 0, "critic_coef", ">= 0", self.critic_coef)
+
+
+@dataclass(frozen=True)
+class GRPOConfig(PolicyLossConfig):
+    """GRPO: the policy options plus how the group-relative advantage is formed."""
+
+    scale_by_std: bool = True
+    """Divide by the group's reward std (GRPO); False keeps only the mean baseline (Dr. GRPO)."""
+    eps: float = 1e-6
+    """Added to the group std before dividing."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.eps >= 0, "eps", ">= 0", self.eps)
+
+
 @dataclass(frozen=True)
 class RLConfig:
-    """The RL phase: critic PPO with GAE across trace boundaries, or the GRPO baseline."""
+    """The RL phase: critic PPO with GAE across trace boundaries, or the GRPO baseline.
+
+    The defaults are the reference recipe (``--preset compactionrl``): gamma 1, a length-adaptive
+    lambda ``1 - 1/(lmbda_alpha * l)`` for the advantages, value targets at ``value_lmbda`` 1, a
+    critic initialised from the (SFT) policy and pre-trained for ``critic_pretrain_steps`` on fresh
+    rollouts before any policy update, then ``critic_updates`` critic steps per policy step.
+    """
 
     algo: Literal["ppo", "grpo"] = "ppo"
     """``ppo`` (critic, token-level GAE) or ``grpo`` (group-relative outcome advantage)."""
     iterations: int = 6
-    """Collect-then-update iterations."""
+    """Collect-then-update iterations (each updates the policy)."""
     episodes_per_iter: int = 32
-    """Episodes collected per iteration."""
+    """Episodes collected per iteration (and per critic pre-training batch)."""
     group_size: int = 4
     """GRPO: rollouts per task (PPO ignores it and uses one rollout per task)."""
     epochs: int = 2
@@ -183,53 +276,62 @@ class RLConfig:
     """Policy learning rate (AdamW)."""
     critic_lr: float = 1e-3
     """Critic learning rate (AdamW)."""
-    critic_warmup_iters: int = 2
-    """First iterations train only the critic (the policy is not updated)."""
-    critic_updates: int = 1
+    critic_pretrain_steps: int = 50
+    """PPO: critic optimiser steps on fresh rollouts of the starting policy before the first policy
+    update (each batch of ``episodes_per_iter`` episodes gives ``epochs x minibatches x
+    critic_updates`` of them); 0 disables the phase."""
+    critic_updates: int = 2
     """Critic optimiser steps per policy optimiser step."""
-    clip_epsilon: float = 0.2
-    """PPO ratio clip."""
-    value_clip: float = 0.2
-    """Clip of the value update around the old value (0 disables)."""
     gamma: float = 1.0
     """Discount per policy token."""
-    lmbda: float = 0.95
-    """GAE lambda (lambda = 1 makes ``bootstrap`` and ``cut`` identical)."""
+    lmbda: float | Literal["adaptive"] = "adaptive"
+    """GAE lambda of the advantages: a value in [0, 1], or ``adaptive``: ``1 - 1/(lmbda_alpha * l)``
+    with ``l`` the policy tokens of the GAE stream (the episode under ``bootstrap``, the trace under
+    ``cut``). Lambda = 1 makes ``bootstrap`` and ``cut`` identical."""
+    lmbda_alpha: float = 1.5
+    """``alpha`` of the adaptive lambda (used only when ``lmbda`` is ``adaptive``)."""
+    value_lmbda: float | None = 1.0
+    """GAE lambda of the critic's targets (1: Monte-Carlo returns, independent of the critic);
+    None uses the advantages' lambda."""
     boundary: Literal["bootstrap", "cut"] = "bootstrap"
     """``bootstrap``: GAE runs across trace boundaries; ``cut``: each trace is its own episode."""
-    truncation: Literal["terminal", "bootstrap_last"] = "terminal"
+    truncation: Truncation = DEFAULT_TRUNCATION
     """End of a truncated episode in GAE. ``terminal``: its end is final (the env grades the work at
     the limit, so a loop that runs out of turns earns its 0); ``bootstrap_last``: value the end by the
     critic (right only when the limit is not part of the task)."""
-    train_summaries: bool = True
-    """Include summary tokens in the policy loss (False masks them out; weights are still shared)."""
     frozen_summarizer: bool = False
     """Write summaries with a frozen copy of the starting policy (separate weights, not trained)."""
     whiten_advantages: bool = True
-    """Normalise advantages over the policy tokens of the batch."""
-    entropy_coef: float = 0.0
-    """Entropy bonus coefficient."""
-    kl_coef: float = 0.0
-    """Coefficient of the KL penalty to the sampling policy (k3 estimator)."""
+    """Normalise advantages over the loss tokens of the batch."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    ppo: CriticPPOConfig = field(default_factory=CriticPPOConfig)
+    """The critic PPO loss (``algo=ppo``)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """The GRPO loss and its group-relative advantage (``algo=grpo``)."""
+
+    @property
+    def loss(self) -> CriticPPOConfig | GRPOConfig:
+        """The loss configuration of ``algo``."""
+        return self.ppo if self.algo == "ppo" else self.grpo
 
     def __post_init__(self) -> None:
         _check(self.algo in ("ppo", "grpo"), "rl.algo", "ppo|grpo", self.algo)
         _check(self.boundary in ("bootstrap", "cut"), "rl.boundary", "bootstrap|cut", self.boundary)
-        _check(self.truncation in ("terminal", "bootstrap_last"), "rl.truncation", "terminal|bootstrap_last",
+        _check(self.truncation in _choices(Truncation), "rl.truncation", "|".join(_choices(Truncation)),
                self.truncation)
         for name in ("episodes_per_iter", "group_size", "epochs", "minibatches", "micro_batch_tokens",
                      "critic_updates"):
             _check(getattr(self, name) >= 1, f"rl.{name}", ">= 1", getattr(self, name))
-        for name in ("iterations", "critic_warmup_iters"):
+        for name in ("iterations", "critic_pretrain_steps"):
             _check(getattr(self, name) >= 0, f"rl.{name}", ">= 0", getattr(self, name))
-        for name in ("lr", "critic_lr", "clip_epsilon", "max_grad_norm"):
+        for name in ("lr", "critic_lr", "max_grad_norm", "lmbda_alpha"):
             _check(getattr(self, name) > 0, f"rl.{name}", "> 0", getattr(self, name))
-        for name in ("gamma", "lmbda"):
-            _check(0.0 <= getattr(self, name) <= 1.0, f"rl.{name}", "a value in [0, 1]", getattr(self, name))
-        for name in ("value_clip", "entropy_coef", "kl_coef"):
-            _check(getattr(self, name) >= 0, f"rl.{name}", ">= 0", getattr(self, name))
+        _check(0.0 <= self.gamma <= 1.0, "rl.gamma", "a value in [0, 1]", self.gamma)
+        _check(self.lmbda == "adaptive" or (not isinstance(self.lmbda, str) and 0.0 <= self.lmbda <= 1.0),
+               "rl.lmbda", "a value in [0, 1] or 'adaptive'", self.lmbda)
+        _check(self.value_lmbda is None or 0.0 <= self.value_lmbda <= 1.0, "rl.value_lmbda",
+               "None or a value in [0, 1]", self.value_lmbda)
         if self.algo == "grpo":
             _check(self.episodes_per_iter % self.group_size == 0, "rl.episodes_per_iter",
                    f"a multiple of group_size ({self.group_size})", self.episodes_per_iter)
@@ -240,7 +342,7 @@ class RLConfig:
 class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
-    every: int = 6
+    every: int = 2
     """Evaluate every this many iterations (and always at the end)."""
     initial: bool = True
     """Also evaluate at iteration 0 (after SFT, before RL)."""
@@ -251,10 +353,10 @@ class EvalConfig:
     seed: int = 12345
     """Seed of the held-out task stream (fixed, so every evaluation sees the same tasks)."""
     temperature: float = 0.0
-    """Sampling temperature at evaluation (0 = greedy)."""
+    """Sampling temperature at evaluation (0 = greedy; training rollouts use ``model.temperature``)."""
     context_budget: int = 0
-    """Context budget at evaluation (0 = the training budget); set it to evaluate a run trained
-    with a different budget under the serving budget (train-serve skew)."""
+    """Context budget at evaluation (0 = ``env.context_budget.budget``); set it to evaluate a run
+    trained with a different budget under the serving budget (train-serve skew)."""
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "eval.every", ">= 1", self.every)
@@ -302,6 +404,8 @@ class TrainConfig:
 def _from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a section (an object), got {raw!r}")
     unknown = set(raw) - names
     if unknown:
         raise ValueError(f"{prefix or 'config'}: unknown field(s) {sorted(unknown)}; expected some of {sorted(names)}")
@@ -311,45 +415,67 @@ def _from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
             kwargs[name] = _from_dict(hints[name], value, f"{prefix}{name}.")
         else:
             kwargs[name] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:  # a nested section's own message names its field without the path
+        if prefix and not str(exc).startswith(prefix):
+            raise ValueError(f"{prefix}{exc}") from None
+        raise
 
 
 # -- presets ------------------------------------------------------------------------------------
 
 
 def _preset_main() -> TrainConfig:
-    """The README's default run: the field defaults, with ``rl.boundary="cut"``.
+    """The README's default run: the main job's budget, ``cut`` GAE at lambda 0.95, a short critic warm-up.
 
-    In the job's 6 iterations the critic never explains the returns (explained variance < 0), and
-    ``bootstrap`` credits the summary tokens through it; ``cut`` ends every trace with the
-    rollout's reward. Measured from the same SFT model, 3 seeds each, held-out success after 6
-    iterations: ``cut`` 0.47-0.56, ``bootstrap`` 0.17-0.28 (docs/training.md, the ablation).
+    The critic trains alone for 8 steps (2 batches of 32 episodes), then 4 PPO iterations follow:
+    the same rollouts and updates as the 6 iterations (2 of them critic-only) measured before the
+    critic pre-training phase existed. ``cut`` because in those runs the critic never explained the
+    returns and ``bootstrap`` at lambda 0.95 credits summary tokens through it (docs/training.md);
+    ``--preset compactionrl`` is the reference recipe.
     """
-    cfg = TrainConfig()
-    return dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, boundary="cut"))
+    base = TrainConfig()
+    return dataclasses.replace(
+        base,
+        env=dataclasses.replace(base.env, context_budget=ContextBudgetConfig(
+            budget=860, reserve=64, tool_output_cap=192, max_compactions=4)),
+        rl=dataclasses.replace(base.rl, boundary="cut", lmbda=0.95, value_lmbda=None, critic_pretrain_steps=8,
+                               critic_updates=1, iterations=4),
+    )
+
+
+def _preset_compactionrl() -> TrainConfig:
+    """The reference recipe (CompactionRL): the main job's env, model, SFT and evaluation with the
+    :class:`RLConfig` defaults (gamma 1, adaptive lambda with alpha 1.5, value lambda 1, 50 critic
+    pre-training steps, 2 critic updates per policy update, ``bootstrap`` across trace boundaries)."""
+    return dataclasses.replace(_preset_main(), rl=RLConfig())
 
 
 def _preset_smoke() -> TrainConfig:
     """Seconds on a CPU: every stage runs once with a minimal budget and a minimal model (CI)."""
     return TrainConfig(
-        env=EnvConfig(num_envs=2, max_turns=3, context_budget=640, max_new_tokens=16, tool_output_cap=64),
+        env=EnvConfig(num_envs=2, max_turns=3, context_budget=ContextBudgetConfig(
+            budget=640, reserve=16, tool_output_cap=64, max_compactions=4)),
         model=ModelConfig(hidden_size=32, num_layers=1, num_experts=2, experts_per_token=1),
         sft=SFTConfig(demo_episodes=2, copy_steps=2, steps=2, batch_traces=2, budget=0, second_steps=2),
         rl=RLConfig(iterations=2, episodes_per_iter=2, group_size=2, epochs=1, minibatches=1,
-                    critic_warmup_iters=1, micro_batch_tokens=2048),
+                    critic_pretrain_steps=1, critic_updates=1, micro_batch_tokens=2048),
         eval=EvalConfig(every=1, episodes=2),
         threads=1,
     )
 
 
 def _preset_ablation() -> TrainConfig:
-    """One arm of ``benchmarks/compaction_ablation.py``: a short RL phase from a shared SFT start."""
+    """One arm of ``benchmarks/compaction_ablation.py``: a longer RL phase from a shared SFT start."""
     main = _preset_main()
-    return dataclasses.replace(main, rl=dataclasses.replace(main.rl, iterations=12))
+    return dataclasses.replace(main, rl=dataclasses.replace(main.rl, iterations=10))
 
 
-PRESETS = {"main": _preset_main, "smoke": _preset_smoke, "ablation": _preset_ablation}
-"""Named presets: ``main`` (the README's default run), ``smoke`` (CI), ``ablation`` (one arm)."""
+PRESETS = {"main": _preset_main, "compactionrl": _preset_compactionrl, "smoke": _preset_smoke,
+           "ablation": _preset_ablation}
+"""Named presets: ``main`` (the README's default run), ``compactionrl`` (the reference recipe),
+``smoke`` (CI), ``ablation`` (one arm)."""
 
 
 def preset(name: str) -> TrainConfig:
@@ -369,7 +495,7 @@ def override(cfg: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
             if not isinstance(node.get(p), dict):
                 raise ValueError(f"{path}: no such config section {p!r}")
             node = node[p]
-        if leaf not in node:
+        if leaf not in node or isinstance(node[leaf], dict):
             raise ValueError(f"{path}: no such config field")
         node[leaf] = value
     return TrainConfig.from_dict(raw)
@@ -380,26 +506,32 @@ def override(cfg: TrainConfig, changes: dict[str, Any]) -> TrainConfig:
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls`` (attribute docstrings, read from source)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """The docstring under each field of dataclass ``cls`` and its dataclass bases (read from source)."""
     docs: dict[str, str] = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
 
-def iter_fields(cls: type = TrainConfig, prefix: str = ""):
-    """Yield ``(dotted_name, type, default, doc)`` for every leaf field, depth first."""
+def iter_fields(cls: type = TrainConfig, prefix: str = "", instance: Any = None):
+    """Yield ``(dotted_name, type, default, doc)`` for every leaf field, depth first.
+
+    Defaults are those of ``instance`` (default: ``cls()``), so a nested section's defaults are
+    the ones its parent gives it.
+    """
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    defaults = cls()
+    instance = cls() if instance is None else instance
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            yield from iter_fields(tp, f"{prefix}{f.name}.")
+            yield from iter_fields(tp, f"{prefix}{f.name}.", getattr(instance, f.name))
         else:
-            yield f"{prefix}{f.name}", tp, getattr(defaults, f.name), docs.get(f.name, "")
+            yield f"{prefix}{f.name}", tp, getattr(instance, f.name), docs.get(f.name, "")

@@ -9,21 +9,23 @@ Normalisation is per token over the *whole* batch: each term is a sum over the l
 every row, so gradients accumulated over any split equal the full batch's gradient. Without those
 entries the (micro-)batch normalises by its own counts.
 
-The actor exposes ``log_prob(tokens, attention_mask) -> (logp, entropy)`` and the critic
+The actor exposes ``log_prob(tokens, attention_mask, select) -> (logp, entropy)`` (values are read
+only where ``select``, the loss's tokens, is set; an actor may leave the rest 0) and the critic
 ``value(tokens, attention_mask) -> value``, all ``[N, L]`` and aligned with ``tokens``
-(``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``).
+(``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``). The options are the dataclasses of
+:mod:`compactrl.algos.config` (``RLConfig.ppo`` / ``RLConfig.grpo`` nest them as they are).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.objectives import LossModule
+
+from compactrl.algos.config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
 
 __all__ = [
     "PolicyLossConfig",
@@ -35,90 +37,9 @@ __all__ = [
     "add_loss_normalizers",
     "grpo_advantage",
     "whiten_advantages",
-    "LossBundle",
     "build_losses",
     "advantage_estimator",
 ]
-
-
-def _check(ok: bool, name: str, expected: str, got) -> None:
-    if not ok:
-        raise ValueError(f"{name}: expected {expected}, got {got!r}")
-
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """Options of the clipped policy objective shared by critic PPO and GRPO."""
-
-    clip_eps_low: float = 0.2
-    """Lower ratio clip: the ratio is kept above ``1 - clip_eps_low``."""
-    clip_eps_high: float = 0.2
-    """Upper ratio clip: the ratio is kept below ``1 + clip_eps_high`` (DAPO's clip-higher when larger)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus (``loss_entropy = -entropy_coef * entropy``); 0 leaves the term out."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty towards the log-probs at ``kl_ref_key``; 0 leaves the term out."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """KL estimator per token: ``k1 = logp - ref`` or ``k3 = exp(ref - logp) - (ref - logp) - 1`` (>= 0)."""
-    kl_ref_key: str = "ref_log_prob"
-    """Entry holding the reference log-probs (a frozen reference model, or ``sample_log_prob``)."""
-    tis_cap: float | None = None
-    """Truncated importance sampling: when the batch has ``old_log_prob`` (the trainer's own
-    log-probs) beside ``sample_log_prob`` (another engine's), weight each token by
-    ``min(exp(old - sample), tis_cap)``; None disables it."""
-    train_summaries: bool = True
-    """Keep summary tokens in the policy loss; False masks them out (the critic still learns them)."""
-    normalization: Literal["token", "trace"] = "token"
-    """``token``: sum over loss tokens / loss tokens of the whole batch. ``trace``: every trace's mean
-    over its tokens, summed / traces of the whole batch (the original GRPO weighting)."""
-
-    def __post_init__(self) -> None:
-        _check(0 < self.clip_eps_low < 1, "clip_eps_low", "a value in (0, 1)", self.clip_eps_low)
-        _check(self.clip_eps_high > 0, "clip_eps_high", "> 0", self.clip_eps_high)
-        for name in ("entropy_coef", "kl_coef"):
-            _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
-        _check(self.kl_estimator in ("k1", "k3"), "kl_estimator", "'k1' or 'k3'", self.kl_estimator)
-        _check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", "None or > 0", self.tis_cap)
-        _check(
-            self.normalization in ("token", "trace"),
-            "normalization",
-            "'token' or 'trace'",
-            self.normalization,
-        )
-
-
-@dataclass(frozen=True)
-class CriticPPOConfig(PolicyLossConfig):
-    """Critic PPO: the policy options plus the value loss."""
-
-    value_clip_eps: float | None = 0.2
-    """Clip of the new value around the rollout's ``value`` (PPO2 value clipping); None disables it."""
-    critic_coef: float = 1.0
-    """Weight of ``loss_critic = critic_coef * 0.5 * mean (V - value_target)^2`` (per policy token)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(
-            self.value_clip_eps is None or self.value_clip_eps > 0,
-            "value_clip_eps",
-            "None or > 0",
-            self.value_clip_eps,
-        )
-        _check(self.critic_coef >= 0, "critic_coef", ">= 0", self.critic_coef)
-
-
-@dataclass(frozen=True)
-class GRPOConfig(PolicyLossConfig):
-    """GRPO: the policy options plus how the group-relative advantage is formed."""
-
-    scale_by_std: bool = True
-    """Divide by the group's reward std (GRPO); False keeps only the mean baseline (Dr. GRPO)."""
-    eps: float = 1e-6
-    """Added to the group std before dividing."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.eps >= 0, "eps", ">= 0", self.eps)
 
 
 # -- masks, normalisers and advantages (pure functions over trace batches) ----------------------------
@@ -236,7 +157,8 @@ class _PolicyLoss(LossModule):
         """``loss_objective`` (+ ``loss_entropy``, ``loss_kl``) and policy diagnostics."""
         cfg = self.config
         mask = loss_mask(td, train_summaries=cfg.train_summaries)
-        logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"])
+        # the actor computes log-probs only where the loss reads them (its LM head is most of a step)
+        logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"], mask)
         logp, entropy = logp.float(), entropy.float()
         sample = td["sample_log_prob"].float()
         old = td["old_log_prob"].float() if "old_log_prob" in td.keys() else sample
@@ -329,77 +251,41 @@ class GRPOLoss(_PolicyLoss):
         return grpo_advantage(batch, scale_by_std=self.config.scale_by_std, eps=self.config.eps)
 
 
-# -- the training loop's entry point ---------------------------------------------------------------
-
-
-@dataclass
-class LossBundle:
-    """What the training loop calls: ``advantages(batch)`` on the whole batch, then per micro-batch
-    ``actor(part, total_tokens)`` / ``critic(part, total_tokens)`` -> ``(loss, diagnostics)``, where
-    ``total_tokens`` is the loss-token count of the optimiser step's whole (mini)batch."""
-
-    module: CriticPPOLoss | GRPOLoss
-    advantages: Callable[[TensorDictBase], TensorDictBase]
-
-    def _run(self, fn, part: TensorDictBase, total_tokens: int, keys: tuple[str, ...]):
-        part = part.clone(False)
-        for key in keys:
-            part.set(key, torch.full((part.shape[0],), int(total_tokens), dtype=torch.int64))
-        out = fn(part)
-        loss = sum(v for k, v in out.items() if k.startswith("loss_"))
-        return loss, {k: float(v.detach()) for k, v in out.items()}
-
-    def actor(self, part: TensorDictBase, total_tokens: int):
-        return self._run(self.module.actor_loss, part, total_tokens, ("num_loss_tokens",))
-
-    def critic(self, part: TensorDictBase, total_tokens: int):
-        if not isinstance(self.module, CriticPPOLoss):
-            raise ValueError("GRPO has no critic loss")
-        return self._run(self.module.critic_loss, part, total_tokens, ("num_value_tokens",))
+# -- what the trainer builds from its config ----------------------------------------------------------
 
 
 def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
-    """``batch -> batch`` with ``advantage`` (and, for PPO, ``value_target``) written, per ``rl``.
+    """``batch -> batch`` with ``advantage`` (and, for PPO, ``value_target``) written, per ``rl``
+    (``compactrl.algos.config.RLConfig``).
 
-    PPO: token-level GAE over the batch's traces (``gamma``, ``lmbda``, ``boundary``,
-    ``truncation``; needs ``value``); GRPO: the group-relative outcome advantage. Both then whiten
+    PPO: token-level GAE over the batch's traces (``gamma``, ``lmbda`` or the adaptive lambda with
+    ``lmbda_alpha``, ``value_lmbda``, ``boundary``, ``truncation``; needs ``value``); GRPO: the
+    group-relative outcome advantage (``rl.grpo.scale_by_std``, ``rl.grpo.eps``). Both then whiten
     over the loss's tokens when ``whiten_advantages``, so every arm of a comparison is normalised
     the same way.
     """
 
     def advantages(batch: TensorDictBase) -> TensorDictBase:
         if rl.algo == "grpo":
-            grpo_advantage(batch)
+            grpo_advantage(batch, scale_by_std=rl.grpo.scale_by_std, eps=rl.grpo.eps)
         else:
             from compactrl.algos.gae import trace_gae
 
-            trace_gae(batch, gamma=rl.gamma, lmbda=rl.lmbda, boundary=rl.boundary, truncation=rl.truncation)
+            adaptive = rl.lmbda == "adaptive"
+            trace_gae(batch, gamma=rl.gamma, lmbda=None if adaptive else rl.lmbda,
+                      length_adaptive_alpha=rl.lmbda_alpha if adaptive else None, value_lmbda=rl.value_lmbda,
+                      boundary=rl.boundary, truncation=rl.truncation)
         if rl.whiten_advantages:
-            whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.train_summaries))
+            whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.loss.train_summaries))
         return batch
 
     return advantages
 
 
-def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> LossBundle:
-    """Losses and advantage estimator for a trainer config (``compactrl.algos.config.RLConfig``).
-
-    Reads ``algo``, ``clip_epsilon``, ``value_clip`` (0 disables), ``entropy_coef``, ``kl_coef``
-    (k3 towards the sampling log-probs), ``train_summaries``, and what :func:`advantage_estimator`
-    reads. The trainer builds its losses here.
-    """
-    common = dict(
-        clip_eps_low=rl.clip_epsilon,
-        clip_eps_high=rl.clip_epsilon,
-        entropy_coef=rl.entropy_coef,
-        kl_coef=rl.kl_coef,
-        kl_ref_key="sample_log_prob",
-        train_summaries=rl.train_summaries,
-    )
+def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> CriticPPOLoss | GRPOLoss:
+    """The loss module of ``rl.algo``, configured by ``rl.ppo`` or ``rl.grpo`` as they are."""
     if rl.algo == "grpo":
-        return LossBundle(GRPOLoss(policy, GRPOConfig(**common)), advantage_estimator(rl))
+        return GRPOLoss(policy, rl.grpo)
     if critic is None:
         raise ValueError("rl.algo='ppo' needs a critic")
-    value_clip = rl.value_clip if rl.value_clip > 0 else None
-    module = CriticPPOLoss(policy, critic, CriticPPOConfig(**common, value_clip_eps=value_clip))
-    return LossBundle(module, advantage_estimator(rl))
+    return CriticPPOLoss(policy, critic, rl.ppo)

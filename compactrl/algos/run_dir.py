@@ -169,7 +169,8 @@ class RunDir:
         rows = self.rows()
         out_dir = self.path / "plots"
         out_dir.mkdir(exist_ok=True)
-        series = [(k, t, _series(rows, k)) for k, t in CURVES]
+        titles = self._titles()
+        series = [(k, titles.get(k, t), _series(rows, k)) for k, t in CURVES]
         series = [s for s in series if s[2][0]]
         written = []
         for key, title, (xs, ys) in series:
@@ -194,6 +195,17 @@ class RunDir:
             written.append(out_dir / "curves.png")
         return written
 
+    def _titles(self) -> dict[str, str]:
+        """Titles that say how each success curve was sampled (from the stored config)."""
+        try:
+            cfg = self.read_config()
+            t_eval, t_train = float(cfg["eval"]["temperature"]), float(cfg["model"]["temperature"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return {}
+        decoding = "greedy" if t_eval == 0 else f"T={t_eval:g}"
+        return {"eval/success_rate": f"held-out success rate ({decoding})",
+                "train/success_rate": f"training success rate (sampled, T={t_train:g})"}
+
     def write_report(self, text: str) -> None:
         atomic_write_text(self.path / "report.md", text)
 
@@ -214,13 +226,12 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 
 
 def _draw(ax, key: str, title: str, xs, ys, rows) -> None:
-    ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
-    if key == "eval/success_rate":  # 95% interval of a proportion (normal approximation)
+    if key.startswith("eval/"):  # evaluations are sparse points: markers with a 95% interval, no line
         _, se = _series(rows, "eval/success_stderr")
-        if len(se) == len(ys):
-            lo = [y - 1.96 * s for y, s in zip(ys, se)]
-            hi = [y + 1.96 * s for y, s in zip(ys, se)]
-            ax.fill_between(xs, lo, hi, alpha=0.2)
+        err = [1.96 * s for s in se] if key == "eval/success_rate" and len(se) == len(ys) else None
+        ax.errorbar(xs, ys, yerr=err, fmt="o", ms=5, capsize=3)
+    else:
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("iteration (0 = after SFT)")
     ax.grid(alpha=0.3)

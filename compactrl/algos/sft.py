@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable
 
 import torch
@@ -35,33 +34,14 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     return out
 
 
-def selected_log_probs(policy, tokens: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor, *,
-                       with_entropy: bool = False, sampling=None):
-    """``log p(tokens[t] | tokens[:t])`` at the positions ``select`` only (1-D, in row-major order).
-
-    The LM head and softmax run only where a log-prob is needed (the policy tokens, ~15% of a
-    trace), which is most of the cost of a step on a small model with a 4k vocabulary. Falls back
-    to the policy's full ``log_prob`` when its model has no separate trunk and head. ``sampling``
-    (a ``SamplingConfig``) chooses the distribution, like ``TransformersPolicy.log_prob``; None is
-    the plain model distribution (temperature 1), as SFT wants. With ``with_entropy`` the entropy
-    at the same positions is returned too.
-    """
-    model = getattr(policy, "model", None)
-    trunk, head = getattr(model, "base_model", None), getattr(model, "lm_head", None) if model is not None else None
-    if trunk is None or head is None or trunk is model:
-        logp, ent = policy.log_prob(tokens, attention_mask)
-        return (logp[select], ent[select]) if with_entropy else logp[select]
-    from compactrl.policies.transformers_policy import SamplingConfig, positions_from_mask, sampling_log_probs
-
-    mask = attention_mask.long()
-    hidden = trunk(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
-                   use_cache=False).last_hidden_state
-    sel = select[:, 1:] & attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()
-    logp_all = sampling_log_probs(head(hidden[:, :-1][sel]), sampling or SamplingConfig())
-    logp = logp_all.gather(-1, tokens[:, 1:][sel][:, None]).squeeze(-1)
-    if not with_entropy:
-        return logp
-    return logp, -(logp_all.exp() * logp_all).sum(-1)
+def model_log_probs(policy, tokens: torch.Tensor, attention_mask: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """``log p(tokens[t] | tokens[:t])`` under the plain model distribution (temperature 1, no
+    truncation, whatever the policy samples with) at the positions ``select``, 1-D in row-major
+    order; the policy's LM head runs only there (``TransformersPolicy.log_prob(select=...)``)."""
+    select = select.bool().clone()
+    select[:, 0] = False  # nothing predicts the first token
+    logp, _ = policy.log_prob(tokens, attention_mask, select, temperature=1.0, top_k=0, top_p=1.0)
+    return logp[select]
 
 
 def nll_loss(log_probs: torch.Tensor, policy_mask: torch.Tensor) -> torch.Tensor:
@@ -126,7 +106,7 @@ def sft_train(
     generator: torch.Generator | None = None,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``policy`` (anything with ``log_prob(tokens, attention_mask)`` and parameters) on ``demos``.
+    """Train ``policy`` (a :class:`~compactrl.policies.TransformersPolicy`) on ``demos``.
 
     Each step draws ``batch_traces`` traces uniformly without replacement (reshuffled every
     epoch). The loss is the mean NLL over the step's policy tokens. The step's traces run through
@@ -150,8 +130,7 @@ def sft_train(
         log_probs = []
         for mb in micro_batches(demos[idx], micro_batch_tokens):
             select = mb["policy_mask"] & mb["attention_mask"]
-            select[:, 0] = False  # nothing predicts the first token
-            log_probs.append(selected_log_probs(policy, mb["tokens"], mb["attention_mask"], select))
+            log_probs.append(model_log_probs(policy, mb["tokens"], mb["attention_mask"], select))
         return -torch.cat(log_probs).mean()
 
     return _fit(policy, batch_loss, steps=steps, lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
@@ -196,142 +175,8 @@ def copy_warmup(
         tokens = torch.cat([head, body, body], dim=1)
         select = torch.zeros_like(tokens, dtype=torch.bool)
         select[:, prefix + span + 1:] = True  # the first repeated token cannot be predicted
-        return -selected_log_probs(policy, tokens, torch.ones_like(tokens), select).mean()
+        return -model_log_probs(policy, tokens, torch.ones_like(tokens), select).mean()
 
     # weight decay 0.01: AdamW's default, which the warm-up has always used
     return _fit(policy, batch_loss, steps=steps, lr=lr, weight_decay=0.01, max_grad_norm=max_grad_norm,
                 on_step=on_step)
-
-
-# -- the demonstrator ----------------------------------------------------------------------------------
-
-
-class ReadingOrderOracle:
-    """An oracle whose every choice a learner can imitate from its own context.
-
-    :class:`~compactrl.policies.scripted.OraclePolicy` reads the file that holds each fact
-    directly: it knows the location from the task's metadata, which a learned policy never sees,
-    so imitating it teaches guessing. This demonstrator reads the candidate files in a fixed
-    order that depends only on the task message's file list (``config/``, ``README.md``,
-    ``docs/``, then the package's other modules), stops as soon as it has seen every fact, and
-    then proceeds as the oracle does (view the bug file, replace, test, submit). Summaries are the
-    oracle's, dropping each fact with probability ``1 - summary_quality``, so a lost fact makes
-    the episode fail, as it would for an agent that trusted a bad summary.
-
-    With ``reproduce_first`` it runs the tests once before fixing (``Next: run the tests, then
-    fix KEY = V in FILE.``), views the bug file again when its stale line is neither in the current
-    context nor stated by the latest summary, and a summary that drops a fact drops it everywhere: its ``next``
-    line then names the constant without a value. So when the compaction falls between reading
-    the facts and writing the fix, the fix is only as good as the summary.
-    """
-
-    def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25,
-                 reproduce_first: bool = False) -> None:
-        from compactrl.policies.scripted import OraclePolicy, _in_words, _observe
-
-        class _Ordered(OraclePolicy):
-            noted: frozenset[str] = frozenset()  # stale lines the latest summary states
-
-            def _next_call(inner, know, task):  # noqa: N805 - closure over the outer demonstrator
-                call = _next_read(know, task, inner.chunk_lines)
-                if call is None and reproduce_first:
-                    call = _reproduce_first(know, task, inner.chunk_lines, inner.noted)
-                return call if call is not None else OraclePolicy._next_call(inner, know, task)
-
-            def respond(inner, request):  # noqa: N805
-                if not reproduce_first:
-                    return OraclePolicy.respond(inner, request)
-                inner.noted = _noted_stale_lines(request.messages)
-                text = OraclePolicy.respond(inner, request)
-                if not request.compaction_required and text.endswith("<tool>test</tool>"):
-                    know = _observe(request.messages, request.task.metadata["facts"])
-                    inner._guess_lost_facts(know, request.task.metadata)
-                    if not know.fixed:  # the test before the fix: say what the fix will be
-                        fix = OraclePolicy._next_call(inner, know, request.task)
-                        text = f"Next: run the tests, then {_in_words(fix)}.\n<tool>test</tool>"
-                return text
-
-            def _summary(inner, know, task, messages):  # noqa: N805
-                text = OraclePolicy._summary(inner, know, task, messages)
-                if not reproduce_first:
-                    return text
-                text = text.replace("done: nothing yet\n", "")  # summaries must fit the response limit
-                if not know.fixed:  # only the test before the fix has run
-                    text = text.replace("done: tested", "done: ran the tests")
-                call = inner._next_call(know, task)
-                plan = OraclePolicy._next_call(inner, know, task) if call.name == "test" and not know.fixed else call
-                if plan.name != "replace":
-                    return text
-                key = plan.new.split(" = ", 1)[0]
-                if f"\n{key} = " in text:  # the fact survived: the plan, with the exact old line
-                    words = f"replace {plan.old.strip()} in {plan.path}"
-                else:  # a dropped fact is dropped everywhere
-                    words = f"fix {key} in {plan.path}"
-                return re.sub(r"\nnext: .*\n", lambda _: f"\nnext: {words}\n", text, count=1)
-
-        self._oracle = _Ordered(summary_quality=summary_quality, seed=seed, chunk_lines=chunk_lines)
-
-    def act(self, requests):
-        return self._oracle.act(requests)
-
-
-_NOTED = re.compile(r"^next: replace ([A-Z][A-Z0-9_]* = \S+) in ", re.M)
-
-
-def _noted_stale_lines(messages) -> frozenset[str]:
-    """The stale line the latest summary in ``messages`` says to replace (``next: replace KEY = OLD in FILE``)."""
-    from compactrl.policies.scripted import SUMMARY_OPEN
-
-    for msg in reversed(messages):
-        content = msg.get("content", "")
-        if msg.get("role") != "system" and SUMMARY_OPEN in content:
-            return frozenset(_NOTED.findall(content))
-    return frozenset()
-
-
-def _reproduce_first(know, task, chunk_lines: int, noted: frozenset[str]):
-    """Before the first fix: see the stale lines (in context or in the summary), then run the tests once."""
-    from compactrl.envs.tools import ToolCall
-
-    meta = task.metadata
-    bug = meta["bug_file"]
-    pending = [fix for fact, fix in zip(meta["facts"], meta["fix"]) if fact["key"] not in know.fixed]
-    if not pending:
-        return None
-    seen = set(know.seen_lines.get(bug, {}).values()) | noted
-    if any(fix["old"].rstrip("\n") not in seen for fix in pending):
-        return ToolCall("view", path=bug, start=1, end=chunk_lines)
-    if not know.tested_after_fix and not know.fixed:
-        return ToolCall("test")
-    return None
-
-
-def reading_order(files: list[str], bug_file: str) -> list[str]:
-    """Where facts may be stated, in the order a careful agent reads them (from the file list only)."""
-    def rank(path: str) -> tuple[int, str]:
-        if path.startswith("config/"):
-            return (0, path)
-        if path == "README.md":
-            return (1, path)
-        if path.startswith("docs/"):
-            return (2, path)
-        return (3, path)
-
-    candidates = [p for p in files if p != bug_file and not p.startswith("tests/") and p.endswith((".md", ".toml", ".py"))
-                  and p != "pyproject.toml" and not p.endswith("__init__.py")]
-    return sorted(candidates, key=rank)
-
-
-def _next_read(know, task, chunk_lines: int):
-    """The next chunk to read while a fact is still unknown, or None when reading is done."""
-    from compactrl.envs.tools import ToolCall
-
-    meta = task.metadata
-    if all(f["key"] in know.facts for f in meta["facts"]):
-        return None
-    for path in reading_order(sorted(task.files), meta["bug_file"]):
-        total = task.files[path].count("\n") + (0 if task.files[path].endswith("\n") else 1)
-        done = know.read.get(path, 0)
-        if done < total:
-            return ToolCall("view", path=path, start=done + 1, end=done + chunk_lines)
-    return None

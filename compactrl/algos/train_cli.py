@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ RUNS_ROOT = Path("runs")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    # a bad value: one line naming the option and what it accepts (argparse prints the whole usage,
+    # ~100 options, before its message)
+    parser.error = lambda message: parser.exit(2, f"compactrl train: error: {message}\n")  # type: ignore[method-assign]
     parser.add_argument("--preset", default="main", choices=sorted(PRESETS),
                         help="named configuration to start from")
     parser.add_argument("--algo", choices=("ppo", "grpo"), default=None, help="shortcut for --rl.algo")
@@ -34,11 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the run in --out from its last checkpoint (its stored config is used; "
                              "--rl.iterations N extends it)")
     parser.add_argument("--config", default=None, help="a config.json to start from instead of a preset")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display (log lines only)")
     defaults = preset("main")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, tp, _, doc in iter_fields():
-        section = name.split(".")[0] if "." in name else "run"
+        section = name.rsplit(".", 1)[0] if "." in name else "run"
         if section not in groups:
             groups[section] = parser.add_argument_group(f"{section} options")
         _add_field(groups[section], name, tp, _lookup(defaults, name), doc)
@@ -47,15 +52,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_field(group, name: str, tp: Any, default: Any, doc: str) -> None:
     kwargs: dict[str, Any] = dict(dest=f"cfg:{name}", default=argparse.SUPPRESS,
                                   help=f"{doc} (main preset: {default!r})".replace("%", "%%"))
-    origin = typing.get_origin(tp)
     if tp is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
-    elif origin is typing.Literal:
+    elif typing.get_origin(tp) is typing.Literal:
         kwargs["choices"] = typing.get_args(tp)
     else:
-        kwargs["type"] = tp
-        kwargs["metavar"] = tp.__name__.upper()
+        kwargs["type"], kwargs["metavar"] = _parser_of(tp)
     group.add_argument(f"--{name}", **kwargs)
+
+
+def _parser_of(tp: Any) -> tuple[Any, str]:
+    """``(type callable, metavar)`` for a field type: a scalar, ``X | None`` (``none``), or a union
+    of a scalar and a ``Literal`` (``float | Literal["adaptive"]``)."""
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
+        return tp, tp.__name__.upper()
+    args = typing.get_args(tp)
+    words = [a for arg in args if typing.get_origin(arg) is typing.Literal for a in typing.get_args(arg)]
+    words += ["none"] if type(None) in args else []
+    (scalar,) = [a for a in args if a is not type(None) and typing.get_origin(a) is not typing.Literal]
+
+    def parse(text: str):
+        if text in words:
+            return None if text == "none" else text
+        try:
+            return scalar(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {scalar.__name__} or one of {words}, got {text!r}") from None
+
+    parse.__name__ = scalar.__name__  # argparse names the type in its message
+    return parse, "|".join([scalar.__name__.upper(), *words])
 
 
 def _lookup(cfg: Any, dotted: str) -> Any:
@@ -99,10 +125,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--resume uses the run's stored config (only --rl.iterations may change, to extend "
                              f"the run); drop {sorted(set(given) - {'rl.iterations'})}")
     except ValueError as exc:
-        log.error("%s", exc)
-        print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
+        print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output, one line
         return 2
-    progress = None if args.no_progress else _rich_progress()
+    progress = None if args.no_progress else (_rich_progress() if sys.stdout.isatty() else TextProgress())
     try:
         extend = cfg.rl.iterations if args.resume and "cfg:rl.iterations" in vars(args) else None
         result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
@@ -119,6 +144,51 @@ def run(args: argparse.Namespace) -> int:
     print(result.summary_line())  # noqa: T201 - CLI output
     print(f"run directory: {out}  (report: {out / 'report.md'})")  # noqa: T201
     return 0
+
+
+class TextProgress:
+    """Progress as plain-text lines when the output is not a terminal (a log file, a pipe).
+
+    Rich's live bars written to a file appear only at the end; these lines appear as the run goes:
+    ``12:03:41  SFT  120/300  4m10s elapsed  ETA 6m15s  nll 1.234``, at most one per phase every
+    ``every_s`` seconds, and always at a phase's last step. Same interface as rich's ``Progress``
+    (``add_task``, ``update``, ``stop``).
+    """
+
+    def __init__(self, every_s: float = 15.0, stream=None) -> None:
+        self.every_s, self.stream = every_s, stream
+        self.tasks: list[dict[str, Any]] = []
+
+    def add_task(self, description: str, total: int, completed: int = 0, status: str = "") -> int:
+        now = time.monotonic()
+        self.tasks.append(dict(name=description, total=total, done=completed, start=now, shown=now,
+                               first=completed))
+        return len(self.tasks) - 1
+
+    def update(self, task: int, advance: int = 1, status: str = "") -> None:
+        t = self.tasks[task]
+        t["done"] += advance
+        now = time.monotonic()
+        if now - t["shown"] < self.every_s and t["done"] < t["total"]:
+            return
+        t["shown"] = now
+        self._line(t, now, status)
+
+    def _line(self, t: dict[str, Any], now: float, status: str) -> None:
+        elapsed, rate_steps = now - t["start"], t["done"] - t["first"]
+        eta = elapsed / rate_steps * (t["total"] - t["done"]) if rate_steps > 0 else float("nan")
+        print(f"{time.strftime('%H:%M:%S')}  {t['name']}  {t['done']}/{t['total']}  {_duration(elapsed)} elapsed  "  # noqa: T201
+              f"ETA {_duration(eta)}  {status}".rstrip(), file=self.stream or sys.stdout, flush=True)
+
+    def stop(self) -> None:
+        pass
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:  # nan: no step yet
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _rich_progress():

@@ -33,7 +33,7 @@ class ValueModel(nn.Module):
     """
 
     def __init__(self, trunk: nn.Module, hidden_size: int, *, share_trunk: bool = False,
-                 head_init_std: float = 0.0) -> None:
+                 head_init_std: float = 0.0, head_bias: float = 0.0) -> None:
         super().__init__()
         if head_init_std < 0:
             raise ValueError(f"head_init_std must be >= 0, got {head_init_std}")
@@ -43,18 +43,22 @@ class ValueModel(nn.Module):
         else:
             self.trunk_module = trunk
         self.head = nn.Linear(hidden_size, 1, dtype=torch.float32)
-        # a zero head starts at V = 0 everywhere: no initial bias in the advantages
+        # a zero head starts at V = head_bias everywhere: no state-dependent bias in the first advantages
         nn.init.normal_(self.head.weight, std=head_init_std) if head_init_std > 0 else nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        nn.init.constant_(self.head.bias, float(head_bias))
 
     @classmethod
-    def from_policy(cls, policy, *, share_trunk: bool = False, head_init_std: float = 0.0) -> ValueModel:
-        """A critic initialised from a ``TransformersPolicy`` or a Hugging Face causal LM."""
+    def from_policy(cls, policy, *, share_trunk: bool = False, head_init_std: float = 0.0,
+                    head_bias: float = 0.0) -> ValueModel:
+        """A critic initialised from a ``TransformersPolicy`` or a Hugging Face causal LM (its trunk as
+        it is now, e.g. after SFT); the value head starts at ``head_bias`` everywhere (zero weights
+        unless ``head_init_std``)."""
         model = policy.model if isinstance(policy, TransformersPolicy) else policy
         trunk = _trunk_of(model)
         if not share_trunk:
             trunk = copy.deepcopy(trunk)
-        return cls(trunk, int(model.config.hidden_size), share_trunk=share_trunk, head_init_std=head_init_std)
+        return cls(trunk, int(model.config.hidden_size), share_trunk=share_trunk, head_init_std=head_init_std,
+                   head_bias=head_bias)
 
     @property
     def trunk(self) -> nn.Module:

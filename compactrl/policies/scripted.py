@@ -96,7 +96,9 @@ def parse_summary(text: str) -> SummaryState | None:
 
 
 @dataclass
-class _Knowledge:
+class Knowledge:
+    """What a scripted agent knows at a step: read lines, facts (found or guessed), fixes, tests."""
+
     read: dict[str, int] = field(default_factory=dict)  # contiguous lines read from the top
     facts: dict[str, object] = field(default_factory=dict)
     guessed: set[str] = field(default_factory=set)
@@ -105,9 +107,9 @@ class _Knowledge:
     seen_lines: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
-def _observe(messages: Sequence[Message], facts_meta: list[dict]) -> _Knowledge:
+def observe(messages: Sequence[Message], facts_meta: list[dict]) -> Knowledge:
     """Everything the oracle knows: the latest summary plus the tool outputs after it."""
-    know = _Knowledge()
+    know = Knowledge()
     start = 0
     for i, msg in enumerate(messages):
         if SUMMARY_OPEN in msg.get("content", "") and msg.get("role") != "system":
@@ -130,8 +132,8 @@ def _observe(messages: Sequence[Message], facts_meta: list[dict]) -> _Knowledge:
     return know
 
 
-def _from_summary(state: SummaryState) -> _Knowledge:
-    know = _Knowledge(read=dict(state.read))
+def _from_summary(state: SummaryState) -> Knowledge:
+    know = Knowledge(read=dict(state.read))
     for key, literal in state.facts.items():
         try:
             know.facts[key] = ast.literal_eval(literal)
@@ -142,7 +144,7 @@ def _from_summary(state: SummaryState) -> _Knowledge:
     return know
 
 
-def _read_output(text: str, know: _Knowledge) -> None:
+def _read_output(text: str, know: Knowledge) -> None:
     lines = text.split("\n")
     head = lines[0] if lines else ""
     if head.startswith("Tests: "):
@@ -182,6 +184,11 @@ def _read_output(text: str, know: _Knowledge) -> None:
 class OraclePolicy:
     """Solves generated code tasks through the tool language (see the module docstring).
 
+    Extension point: a demonstrator that acts differently subclasses it and overrides the public
+    methods :meth:`respond` (one request -> one response), :meth:`next_call` (the next tool call
+    given what is known), :meth:`summary` (the summary text) and :meth:`guess_lost_facts`; calling
+    ``super()`` gives the oracle's own choice (see ``compactrl.policies.demonstrators``).
+
     Args:
         summary_quality: probability that each fact survives into a summary.
         seed: seeds the (deterministic, message-dependent) choice of dropped facts.
@@ -207,19 +214,21 @@ class OraclePolicy:
         if task is None or "facts" not in getattr(task, "metadata", {}):
             raise ValueError("OraclePolicy needs request.task: a generated code task (with metadata['facts'])")
         meta = task.metadata
-        know = _observe(request.messages, meta["facts"])
-        self._guess_lost_facts(know, meta)
+        know = observe(request.messages, meta["facts"])
+        self.guess_lost_facts(know, meta)
         if request.compaction_required:
-            return self._summary(know, task, request.messages)
-        return _describe_then_call(self._next_call(know, task))
+            return self.summary(know, task, request.messages)
+        return _describe_then_call(self.next_call(know, task))
 
-    def _guess_lost_facts(self, know: _Knowledge, meta: dict) -> None:
+    def guess_lost_facts(self, know: Knowledge, meta: dict) -> None:
+        """A fact read but no longer known is 'remembered' as a look-alike value (overconfidence)."""
         for fact in meta["facts"]:
             if fact["key"] not in know.facts and know.read.get(fact["file"], 0) >= fact["line"]:
                 know.facts[fact["key"]] = _plausible_wrong_value(fact)
                 know.guessed.add(fact["key"])
 
-    def _next_call(self, know: _Knowledge, task) -> ToolCall:
+    def next_call(self, know: Knowledge, task) -> ToolCall:
+        """The oracle's next tool call: read each fact where it is stated, fix, test, submit."""
         meta = task.metadata
         for fact in sorted(meta["facts"], key=lambda f: (f["file"], f["line"])):
             if fact["key"] not in know.facts:
@@ -239,7 +248,8 @@ class OraclePolicy:
             return ToolCall("test")
         return ToolCall("submit")
 
-    def _summary(self, know: _Knowledge, task, messages: Sequence[Message]) -> str:
+    def summary(self, know: Knowledge, task, messages: Sequence[Message]) -> str:
+        """What is known, each fact kept with probability ``summary_quality``, and the next step."""
         facts = {}
         for key, value in sorted(know.facts.items()):
             if self._keeps(task.id, key, len(messages)):
@@ -249,8 +259,8 @@ class OraclePolicy:
             if f"{f['key']} = {know.facts.get(f['key'], object())!r}" in know.seen_lines.get(task.metadata["bug_file"], {}).values()
         }
         done = [f"fixed {k}" for k in sorted(fixed)] + (["tested"] if know.tested_after_fix else [])
-        next_call = self._next_call(know, task)
-        state = SummaryState(read=dict(know.read), facts=facts, done=done, next=_in_words(next_call))
+        next_call = self.next_call(know, task)
+        state = SummaryState(read=dict(know.read), facts=facts, done=done, next=in_words(next_call))
         return format_summary(state)
 
     def _keeps(self, task_id: str, key: str, n_messages: int) -> bool:
@@ -274,7 +284,8 @@ def _plausible_wrong_value(fact: dict) -> object:
     return fact["wrong_value"]
 
 
-def _in_words(call: ToolCall) -> str:
+def in_words(call: ToolCall) -> str:
+    """A tool call as the plan line of a response or a summary (``fix KEY = V in FILE``)."""
     if call.name == "view":
         return f"view {call.path} lines {call.start}-{call.end}"
     if call.name == "replace":
@@ -283,7 +294,7 @@ def _in_words(call: ToolCall) -> str:
 
 
 def _describe_then_call(call: ToolCall) -> str:
-    return f"Next: {_in_words(call)}.\n{format_call(call)}"
+    return f"Next: {in_words(call)}.\n{format_call(call)}"
 
 
 # ----------------------------------------------------------------------------------------------

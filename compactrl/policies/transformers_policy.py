@@ -29,9 +29,6 @@ from compactrl.types import PolicyRequest, TokenResponse
 
 logger = logging.getLogger(__name__)
 
-END_OF_TURN_TOKENS = ("<|im_end|>",)
-
-
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is drawn."""
@@ -109,6 +106,19 @@ def shift_token_log_probs(
     token_lp = torch.cat([zero, token_lp.masked_fill(~keep, 0.0)], dim=1)
     entropy = torch.cat([zero, entropy.masked_fill(~keep, 0.0)], dim=1)
     return token_lp, entropy
+
+
+def _selected_token_log_probs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor,
+                              attention_mask: torch.Tensor, select: torch.Tensor, sampling: SamplingConfig,
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`shift_token_log_probs` at the positions ``select`` only, from the trunk's hidden states."""
+    keep = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+    rows = torch.cat([select.new_zeros(select.shape[0], 1), select[:, 1:] & keep], dim=1)
+    logp_all = sampling_log_probs(head(hidden[:, :-1][rows[:, 1:]]), sampling)
+    token_lp = logp_all.gather(-1, tokens[rows][:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    zeros = torch.zeros(tokens.shape, dtype=token_lp.dtype, device=tokens.device)
+    return zeros.masked_scatter(rows, token_lp), zeros.masked_scatter(rows, entropy)
 
 
 def router_aux_loss(model: nn.Module, router_logits: Any, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -239,19 +249,11 @@ def generate_tokens(
 
 
 def default_stop_ids(tokenizer, model=None) -> list[int]:
-    """End-of-turn ids: ``<|im_end|>`` if the vocabulary has it, the eos token, the model's eos ids."""
-    ids: list[int] = []
-    vocab = tokenizer.get_vocab()
-    ids += [vocab[t] for t in END_OF_TURN_TOKENS if t in vocab]
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    gen_cfg = getattr(model, "generation_config", None)
-    eos = getattr(gen_cfg, "eos_token_id", None)
-    if eos is not None:
-        ids += [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    if not ids:
-        raise ValueError("cannot tell the end-of-turn token: pass stop_token_ids")
-    return sorted(set(ids))
+    """End-of-turn ids: the chat format's token spec (end-of-turn and eos ids) plus the model's eos ids
+    (:func:`compactrl.wrappers.chat_format.stop_ids`, the one place they are worked out)."""
+    from compactrl.wrappers.chat_format import stop_ids
+
+    return stop_ids(tokenizer, model)
 
 
 def prompt_ids_for(request: PolicyRequest, tokenizer) -> list[int]:
@@ -407,6 +409,7 @@ class TransformersPolicy(nn.Module):
         self,
         tokens: torch.Tensor,
         attention_mask: torch.Tensor,
+        select: torch.Tensor | None = None,
         *,
         temperature: float | None = None,
         top_k: int | None = None,
@@ -417,17 +420,31 @@ class TransformersPolicy(nn.Module):
 
         ``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` from the logits at ``t - 1``; position 0
         and padding are 0. Differentiable. The distribution is the policy's sampling distribution
-        (its temperature, top-k, top-p) unless overridden. With ``return_aux_loss=True`` a third
-        value is the MoE router load-balancing loss (unscaled; multiply by e.g.
-        ``model.config.router_aux_loss_coef``).
+        (its temperature, top-k, top-p) unless overridden. ``select`` (``[N, L]`` bool): the LM head
+        and softmax run only where it is set (the trunk still runs over every position), and the
+        outputs are 0 elsewhere. Losses read a small share of a trace's positions (its policy
+        tokens), and on a small model with a 4k vocabulary the head is most of a step's cost. With
+        ``return_aux_loss=True`` a third value is the MoE router load-balancing loss (unscaled;
+        multiply by e.g. ``model.config.router_aux_loss_coef``).
         """
         if tokens.shape != attention_mask.shape or tokens.dim() != 2:
             raise ValueError(f"tokens and attention_mask must both be [N, L], got {tuple(tokens.shape)} "
                              f"and {tuple(attention_mask.shape)}")
+        if select is not None and select.shape != tokens.shape:
+            raise ValueError(f"select must be [N, L] like tokens {tuple(tokens.shape)}, got {tuple(select.shape)}")
         mask = attention_mask.long()
-        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
-                         use_cache=False, output_router_logits=return_aux_loss)
-        lp, ent = shift_token_log_probs(out.logits, tokens, mask, self._sampling_for(temperature, top_k, top_p))
+        sampling = self._sampling_for(temperature, top_k, top_p)
+        trunk, head = getattr(self.model, "base_model", None), getattr(self.model, "lm_head", None)
+        if select is None or trunk is None or head is None or trunk is self.model:
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
+                             use_cache=False, output_router_logits=return_aux_loss)
+            lp, ent = shift_token_log_probs(out.logits, tokens, mask, sampling)
+            if select is not None:
+                lp, ent = lp.masked_fill(~select.bool(), 0.0), ent.masked_fill(~select.bool(), 0.0)
+        else:
+            out = trunk(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
+                        use_cache=False, output_router_logits=return_aux_loss)
+            lp, ent = _selected_token_log_probs(head, out.last_hidden_state, tokens, mask, select.bool(), sampling)
         if return_aux_loss:
             return lp, ent, router_aux_loss(self.model, getattr(out, "router_logits", None), mask)
         return lp, ent

@@ -113,7 +113,7 @@ class TinyActor(nn.Module):
         steps = torch.arange(1, tokens.shape[1] + 1, device=tokens.device)[None, :, None]
         return torch.tanh(self.mix(torch.cat([e, e.cumsum(1) / steps], -1)))
 
-    def log_prob(self, tokens: torch.Tensor, attention_mask: torch.Tensor):
+    def log_prob(self, tokens: torch.Tensor, attention_mask: torch.Tensor, select=None):
         logits = self.head(self._hidden(tokens))[:, :-1].float()
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, tokens[:, 1:, None]).squeeze(-1)

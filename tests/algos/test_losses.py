@@ -109,7 +109,8 @@ def test_ppo_any_split_gives_the_full_batch_gradient(seed, config, data):
 def test_grpo_any_split_and_packing_give_the_full_batch_gradient(seed, normalization, scale, budget, data):
     actor = TinyActor(seed=seed % 7)
     batch = _rollout_batch(seed, actor, None, off_engine=False)
-    loss = GRPOLoss(actor, GRPOConfig(normalization=normalization, scale_by_std=scale, kl_coef=0.05))
+    loss = GRPOLoss(actor, GRPOConfig(normalization=normalization, scale_by_std=scale, kl_coef=0.05,
+                                           kl_ref_key="ref_log_prob"))
     loss.compute_advantage(batch)
     add_loss_normalizers(batch)
     full = _grads(loss, [batch])
@@ -125,7 +126,8 @@ def test_ppo_packed_micro_batches_give_the_full_batch_gradient(seed, budget):
     batch = _rollout_batch(seed, actor, critic, off_engine=True)
     trace_gae(batch, gamma=1.0, lmbda=0.9)
     add_loss_normalizers(batch)
-    loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.01, kl_coef=0.1, tis_cap=3.0))
+    loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.01, kl_coef=0.1, tis_cap=3.0,
+                                                         kl_ref_key="ref_log_prob"))
     _assert_same(_grads(loss, [batch]), _grads(loss, micro_batches(batch, budget)))
 
 
@@ -134,7 +136,8 @@ def test_ppo_outputs_and_diagnostics():
     actor, critic = TinyActor(), TinyCritic()
     batch = _rollout_batch(0, actor, critic, off_engine=True)
     trace_gae(batch, gamma=0.99, lmbda=0.95)
-    loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.01, kl_coef=0.1, tis_cap=2.0))
+    loss = CriticPPOLoss(actor, critic, CriticPPOConfig(entropy_coef=0.01, kl_coef=0.1, tis_cap=2.0,
+                                                         kl_ref_key="ref_log_prob"))
     assert isinstance(loss, LossModule)
     assert "CriticPPOLoss" in repr(loss)
     assert {"advantage", "value_target", "ref_log_prob", "old_log_prob"} <= set(loss.in_keys)
@@ -305,28 +308,36 @@ def test_a_few_updates_raise_the_reward_of_a_toy_task(algo):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_build_losses_from_the_trainer_config(algo):
-    from compactrl.algos.config import RLConfig
-    from compactrl.algos.losses import build_losses
+    """The trainer's config reaches the loss as it is (no renaming), and its estimator writes advantages."""
+    import dataclasses
 
-    rl = RLConfig(algo=algo, kl_coef=0.05, entropy_coef=0.01, train_summaries=False)
+    from compactrl.algos.config import RLConfig
+    from compactrl.algos.losses import advantage_estimator, build_losses
+
+    rl = RLConfig(algo=algo)
+    rl = dataclasses.replace(rl, **{algo: dataclasses.replace(rl.loss, kl_coef=0.05, train_summaries=False)})
     actor, critic = TinyActor(), TinyCritic()
     batch = _rollout_batch(9, actor, critic, off_engine=False)
-    bundle = build_losses(rl, actor, critic if algo == "ppo" else None)
-    bundle.advantages(batch)
+    module = build_losses(rl, actor, critic if algo == "ppo" else None)
+    assert module.config is rl.loss and "loss_kl" in module.out_keys
+    advantage_estimator(rl)(batch)
     assert "advantage" in batch.keys() and float(batch["advantage"].abs().sum()) > 0
-    fns = [bundle.actor] + ([bundle.critic] if algo == "ppo" else [])
-    for fn in fns:
-        grads = []
-        for parts in ([batch], micro_batches(batch, 60)):
-            actor.zero_grad(), critic.zero_grad()
-            total = int(batch["policy_mask"].sum())
-            for part in parts:
-                loss, diag = fn(part, total)
-                loss.backward()
-                assert all(isinstance(v, float) for v in diag.values())
-            grads.append(
-                [p.grad.clone() for p in [*actor.parameters(), *critic.parameters()] if p.grad is not None]
-            )
-        _assert_same(*grads)
     with pytest.raises(ValueError, match="critic"):
         build_losses(RLConfig(algo="ppo"), actor, None)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_grpo_options_of_the_config_reach_the_advantage(scale_by_std):
+    """``rl.grpo.scale_by_std`` and ``rl.grpo.eps`` decide the advantage the trainer trains on."""
+    import dataclasses
+
+    from compactrl.algos.config import GRPOConfig, RLConfig
+    from compactrl.algos.losses import advantage_estimator
+
+    rl = RLConfig(algo="grpo", whiten_advantages=False, grpo=GRPOConfig(scale_by_std=scale_by_std, eps=0.5))
+    batch = _rollout_batch(3, TinyActor(), None, off_engine=False)
+    expected = grpo_advantage(batch.clone(), scale_by_std=scale_by_std, eps=0.5)["advantage"]
+    torch.testing.assert_close(advantage_estimator(rl)(batch)["advantage"], expected)
+    other = dataclasses.replace(rl, grpo=GRPOConfig(scale_by_std=not scale_by_std, eps=0.5))
+    assert not torch.equal(advantage_estimator(other)(batch.clone())["advantage"], expected)

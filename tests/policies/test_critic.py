@@ -61,3 +61,15 @@ def test_bad_inputs_are_clear(tokenizer):
         critic.value(torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="head_init_std"):
         ValueModel(cached_tiny("mixtral").model, 128, head_init_std=-1)
+
+
+@pytest.mark.timeout(60)
+def test_head_bias_is_the_value_everywhere_before_training(tokenizer):
+    """``model.critic_head_init`` reaches the critic as its initial value at every real position."""
+    critic = ValueModel.from_policy(cached_tiny("glm4_moe"), head_bias=0.3)
+    tokens, mask = right_padded(random_prompts(3, lo=5, hi=12, seed=6))
+    v = critic.value(tokens, mask)
+    keep = mask.clone()
+    keep[:, 0] = False
+    torch.testing.assert_close(v[keep], torch.full_like(v[keep], 0.3))
+    assert torch.all(v[~keep] == 0)

@@ -91,6 +91,28 @@ def test_log_prob_shapes_padding_entropy_and_gradient(tokenizer):
     policy.model.zero_grad(set_to_none=True)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "top_k": 50}])
+def test_log_prob_at_selected_positions_equals_the_full_log_prob_there(tokenizer, sampling):
+    """``select`` runs the head only where asked: the same numbers there, 0 elsewhere, gradients flow."""
+    import copy
+
+    policy = TransformersPolicy(copy.deepcopy(cached_tiny("glm4_moe")), tokenizer, **sampling)
+    tokens, mask = right_padded(random_prompts(3, lo=6, hi=20, seed=9))
+    select = (torch.rand(tokens.shape, generator=torch.Generator().manual_seed(0)) < 0.5) & mask
+    select[:, 0] = True  # nothing predicts the first token: 0 there even when selected
+    full_lp, full_ent = policy.log_prob(tokens, mask)
+    lp, ent = policy.log_prob(tokens, mask, select)
+    torch.testing.assert_close(lp[select], full_lp[select], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ent[select], full_ent[select], rtol=1e-4, atol=1e-4)
+    assert not lp[~select].any() and not ent[~select].any() and not lp[:, 0].any()
+    assert lp.shape == tokens.shape
+    lp.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())
+    with pytest.raises(ValueError, match="select"):
+        policy.log_prob(tokens, mask, select[:, 1:])
+
+
 # -- batched generation ---------------------------------------------------------------------------
 
 @pytest.mark.timeout(180)

@@ -42,7 +42,14 @@ def test_every_field_has_a_docstring():
         ({"rl.boundary": "other"}, "rl.boundary"),
         ({"rl.truncation": "ignore"}, "rl.truncation"),
         ({"sft.summary_quality": 2.0}, "sft.summary_quality"),
-        ({"env.max_new_tokens": 5000}, "env.max_new_tokens"),
+        ({"env.context_budget.reserve": 5000}, "env.context_budget.reserve"),
+        ({"env.context_budget.budget": 0}, "env.context_budget.budget"),
+        ({"rl.ppo.clip_eps_low": 2.0}, "rl.ppo.clip_eps_low"),
+        ({"rl.grpo.eps": -1.0}, "rl.grpo.eps"),
+        ({"rl.lmbda": "sometimes"}, "rl.lmbda"),
+        ({"rl.value_lmbda": 2.0}, "rl.value_lmbda"),
+        ({"env.env_kwargs": '{"budget": 3}'}, "env.env_kwargs"),
+        ({"env.context_budget": 3}, "env.context_budget"),
         ({"env.env_kwargs": "[1]"}, "env.env_kwargs"),
         ({"env.env_kwargs": "{bad json"}, "env.env_kwargs"),
         ({"rl.algo": "grpo", "rl.group_size": 3, "rl.episodes_per_iter": 32}, "rl.episodes_per_iter"),
@@ -69,6 +76,7 @@ def test_cli_has_one_option_per_field_with_its_docstring_as_help():
     for name, _tp, _default, _doc in C.iter_fields():
         assert f"--{name}" in help_text
     assert "GAE lambda" in help_text and "--no-rl.whiten_advantages" in help_text
+    assert "--env.context_budget.max_summary_tokens INT|none" in help_text
 
 
 def test_cli_overrides_apply_on_top_of_the_preset():
@@ -92,3 +100,51 @@ def test_property_valid_overrides_are_applied_exactly(lr, lmbda, iters):
     assert (cfg.rl.lr, cfg.rl.lmbda, cfg.rl.iterations) == (lr, lmbda, iters)
     assert dataclasses.replace(cfg.rl, lr=C.preset("main").rl.lr, lmbda=C.preset("main").rl.lmbda,
                                iterations=C.preset("main").rl.iterations) == C.preset("main").rl
+
+
+def test_cli_parses_nested_optional_and_literal_union_fields():
+    args = _parser().parse_args(["--preset", "smoke", "--env.context_budget.budget", "700",
+                                 "--env.context_budget.max_summary_tokens", "12", "--rl.ppo.value_clip_eps", "none",
+                                 "--rl.lmbda", "adaptive", "--rl.lmbda_alpha", "2", "--rl.value_lmbda", "0.9",
+                                 "--rl.grpo.scale_by_std", "--no-rl.ppo.train_summaries"])
+    cfg = train_cli.config_from_args(args)
+    assert cfg.env.context_budget.budget == 700 and cfg.env.context_budget.max_summary_tokens == 12
+    assert cfg.rl.ppo.value_clip_eps is None and cfg.rl.lmbda == "adaptive" and cfg.rl.lmbda_alpha == 2.0
+    assert cfg.rl.value_lmbda == 0.9 and cfg.rl.ppo.train_summaries is False
+    cfg = train_cli.config_from_args(_parser().parse_args(["--rl.lmbda", "0.5"]))
+    assert cfg.rl.lmbda == 0.5
+
+
+@pytest.mark.parametrize("argv, option, allowed", [
+    (["--rl.boundary", "sideways"], "--rl.boundary", "'bootstrap', 'cut'"),
+    (["--env.difficulty", "bogus"], "--env.difficulty", "'tiny', 'easy', 'default', 'hard'"),
+    (["--rl.lmbda", "often"], "--rl.lmbda", "adaptive"),
+])
+def test_a_bad_cli_value_is_one_line_naming_the_option_and_the_allowed_values(argv, option, allowed, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and option in err and allowed in err, err
+
+
+def test_the_compactionrl_preset_is_the_reference_recipe():
+    """gamma 1, adaptive lambda 1 - 1/(1.5 l), value lambda 1, 50 critic pre-training steps on fresh
+    rollouts, 2 critic updates per policy update, GAE across trace boundaries; the RLConfig defaults."""
+    cfg = C.preset("compactionrl")
+    rl = cfg.rl
+    assert (rl.gamma, rl.lmbda, rl.lmbda_alpha, rl.value_lmbda) == (1.0, "adaptive", 1.5, 1.0)
+    assert (rl.critic_pretrain_steps, rl.critic_updates, rl.boundary, rl.algo) == (50, 2, "bootstrap", "ppo")
+    assert rl.critic_lr != rl.lr and cfg.model.critic_head_init == 0.0
+    assert rl == C.RLConfig()
+    main = C.preset("main")
+    assert (cfg.env, cfg.model, cfg.sft, cfg.eval) == (main.env, main.model, main.sft, main.eval)
+
+
+def test_the_main_preset_keeps_its_measured_recipe_and_evaluates_every_two_iterations():
+    main = C.preset("main")
+    assert (main.rl.boundary, main.rl.lmbda, main.rl.value_lmbda) == ("cut", 0.95, None)
+    # 8 critic-only steps on 2 batches, then 4 policy iterations: the earlier 6 iterations with 2 critic-only
+    assert (main.rl.critic_pretrain_steps, main.rl.critic_updates, main.rl.iterations) == (8, 1, 4)
+    assert main.eval.every == 2
+    ctx = main.env.context_budget
+    assert (ctx.budget, ctx.reserve, ctx.tool_output_cap, ctx.max_compactions) == (860, 64, 192, 4)

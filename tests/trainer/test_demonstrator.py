@@ -6,16 +6,16 @@ import re
 
 import pytest
 
-from compactrl.algos.config import EnvConfig
-from compactrl.algos.sft import ReadingOrderOracle
+from compactrl.algos.config import preset
 from compactrl.algos.trainer import make_env_fns
+from compactrl.policies.demonstrators import ReadingOrderOracle
 from compactrl.types import PolicyRequest
 
 BUDGET = 860  # the main preset's: the first summary falls between reading the fact and fixing
 
 
 def play(policy, seed: int, budget: int = BUDGET):
-    env = make_env_fns(EnvConfig(), split="train", count=1, budget=budget)[0]()
+    env = make_env_fns(preset("main").env, split="train", count=1, budget=budget)[0]()
     obs, info = env.reset(seed=seed)
     turns, done, reward = [], False, 0.0
     while not done:
@@ -97,7 +97,7 @@ def test_the_main_preset_warm_starts_in_two_phases_with_their_own_demonstrator_a
     from compactrl.tokenizer import load_tokenizer
 
     cfg = override(preset("main"), {"sft.demo_episodes": 8, "env.num_envs": 4})
-    assert cfg.sft.budget != cfg.env.context_budget and cfg.sft.second_demonstrator == "reproduce_first"
+    assert cfg.sft.budget != cfg.env.context_budget.budget and cfg.sft.second_demonstrator == "reproduce_first"
     tok = load_tokenizer()
 
     def texts(second: bool) -> list[str]:
@@ -110,3 +110,28 @@ def test_the_main_preset_warm_starts_in_two_phases_with_their_own_demonstrator_a
     assert sum("Next: run the tests, then fix" in t for t in second) >= 4
     with pytest.raises(ValueError, match="sft.second_demonstrator"):
         override(preset("main"), {"sft.second_demonstrator": "nobody"})
+
+
+# sha256 (first 16 hex digits) of the JSON list of every response, over task seeds 0-7 of the main
+# preset's env (demonstrator seed 7), recorded from the demonstrator as it was before it moved
+# from compactrl.algos.sft to compactrl.policies.demonstrators as an OraclePolicy subclass
+RECORDED = {
+    ("reading_order", 0.5, 860): "cf2737ee6b6ad1f7", ("reading_order", 1.0, 860): "6a1f099c6c1774c0",
+    ("reproduce_first", 0.5, 860): "b505b1928b5721bb", ("reproduce_first", 1.0, 860): "4ebbbb0489d6613e",
+    ("reproduce_first", 0.5, 896): "463ccb909b27ce8d", ("reproduce_first", 1.0, 896): "9c55820430dc4ba7",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind, quality, budget", sorted(RECORDED))
+def test_demonstrated_episodes_are_the_recorded_ones(kind, quality, budget):
+    import hashlib
+    import json
+
+    from compactrl.algos.trainer import make_demonstrator
+
+    digest = hashlib.sha256()
+    for seed in range(8):
+        _, turns, _, _ = play(make_demonstrator(kind, quality, 7), seed, budget)
+        digest.update(json.dumps([text for _, text in turns]).encode())
+    assert digest.hexdigest()[:16] == RECORDED[kind, quality, budget]
