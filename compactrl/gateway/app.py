@@ -205,7 +205,10 @@ class Gateway(ApiServer):
 
     async def _generate(self, jobs: list[Job], session: str, agent: str, request: Request, t0: float,
                         route: str) -> list[Generated]:
-        index = self.recorder.next_index(session) if jobs else 0
+        try:
+            index = self.recorder.next_index(session)
+        except ValueError as exc:  # a finished session takes no more calls
+            raise RequestError(str(exc), status=409, param="session") from exc
         version = self.policy_version
         t1 = time.time()
         gens = await await_all(self.engine.submit(jobs), self.config.serve.request_timeout_s)

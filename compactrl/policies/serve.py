@@ -280,7 +280,7 @@ def completion_response(model_name: str, jobs: list[Job], gens: list[Generated],
     }
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 413: "RequestTooLargeError",
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError", 413: "RequestTooLargeError",
                429: "RateLimitError", 503: "ServiceUnavailableError"}
 
 

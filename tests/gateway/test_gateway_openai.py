@@ -68,6 +68,8 @@ def test_recorded_ids_rescore_and_multi_turn_history_extends_one_trace(gateway, 
         messages += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": f"observation {turn}"}]
     session = finished(gateway, "turns", 0.0)
+    with pytest.raises(openai.ConflictError, match="finished"):  # a finished session takes no more calls
+        c.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
     for call in session.calls:
         ch = call.choices[0]
         assert rescore_error(policy, call.prompt_ids, ch.token_ids, ch.log_probs) < 1e-4
