@@ -43,7 +43,8 @@ def offline_environment(config_dir: str | None = None) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
-    os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", config_dir or tempfile.mkdtemp(prefix="mswea-config-"))
+    if "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:  # its import writes there: never the user's own
+        os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = config_dir or tempfile.mkdtemp(prefix="mswea-config-")
 
 
 class SandboxEnvironment:
