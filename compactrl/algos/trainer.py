@@ -170,6 +170,7 @@ class Run:
     updater: Updater | None = None
     rollout_policy: Any = None
     collector: TraceCollector | None = None
+    eval_bar: Any = None
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
@@ -180,9 +181,12 @@ class Run:
         if e.episodes == 0:
             return {}
         t0 = time.perf_counter()
+        if self.eval_bar is None:  # one bar (or line) for all of the run's evaluations
+            self.eval_bar = _bar(self.progress, "evaluation", sum(due for _, due, _ in schedule(self.cfg)))
         env_fns = make_env_fns(self.cfg.env, split=e.split, count=self.cfg.env.num_envs,
                                budget=e.context_budget or None)
         agg, _ = evaluate_policy(env_fns, self.eval_policy, episodes=e.episodes, seed=e.seed, pad_id=self.pad_id)
+        _advance(self.progress, self.eval_bar, f"success {agg.get('success_rate', 0.0):.2f}")
         return {**{f"eval/{k}": v for k, v in agg.items()}, "time/eval_s": time.perf_counter() - t0}
 
     def checkpoint(self, iteration: int) -> None:

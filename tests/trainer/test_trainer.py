@@ -53,6 +53,16 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert (state["critic"] is not None) == (algo == "ppo")
     report = (tmp_path / "run" / "report.md").read_text()
     assert "Held-out success" in report and "after RL minus after SFT" in report
+    assert "greedily (temperature 0)" in report and "sampled at temperature 1.0" in report
+    # the final line names each phase's time, summed from the rows
+    assert set(result.phase_s) == {"copy warm-up", "SFT", "critic pre-training", "RL", "evaluation"}
+    assert result.phase_s["RL"] == pytest.approx(sum(r.get("time/iteration_s", 0.0) for r in rows))
+    assert result.phase_s["SFT"] > 0 and result.phase_s["evaluation"] > 0
+    assert (result.phase_s["critic pre-training"] > 0) == (algo == "ppo")
+    line = result.summary_line()
+    assert "SFT" in line and "RL" in line and "evaluation" in line and "2 RL iterations" in line
+    if algo == "ppo":  # row 0 holds the critic pre-training (smoke: 1 step on one batch)
+        assert rows[0]["pretrain/batches"] == 1.0 and "pretrain/loss/critic" in rows[0]
 
 
 @pytest.mark.timeout(60)
@@ -295,3 +305,34 @@ def test_a_truncated_episode_earns_its_final_reward_only_when_its_end_is_termina
     Updater(cfg.rl, policy, ConstantCritic(1, 1)).advantages(batch)
     last = batch["advantage"][0, n - 1].item()
     assert last == pytest.approx(-0.8 if truncation == "terminal" else 0.0)
+
+
+def test_text_progress_prints_dated_lines_with_step_total_and_eta():
+    """Output that is not a terminal gets plain lines as the run goes (not rich bars at the end)."""
+    import io
+    import re
+
+    from compactrl.algos.train_cli import TextProgress
+
+    out = io.StringIO()
+    progress = TextProgress(every_s=0.0, stream=out)
+    bar = progress.add_task("SFT", total=3)
+    for _ in range(3):
+        progress.update(bar, advance=1, status="nll 1.000")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert re.fullmatch(r"\d\d:\d\d:\d\d  SFT  3/3  \d+s elapsed  ETA 0s  nll 1.000", lines[-1]), lines[-1]
+    quiet = io.StringIO()
+    slow = TextProgress(every_s=3600.0, stream=quiet)
+    bar = slow.add_task("RL", total=5)
+    for _ in range(5):
+        slow.update(bar)
+    assert [line.split("  ")[2] for line in quiet.getvalue().splitlines()] == ["5/5"]  # throttled; the end shown
+
+
+def test_plot_titles_say_how_each_success_curve_was_sampled(tmp_path):
+    run = RunDir(tmp_path)
+    run.create(_smoke().to_json(), resume=False)
+    titles = run._titles()
+    assert titles["eval/success_rate"] == "held-out success rate (greedy)"
+    assert titles["train/success_rate"] == "training success rate (sampled, T=1)"
