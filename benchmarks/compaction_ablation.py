@@ -61,9 +61,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"rl.algo": "grpo"},  # group size: 4 rollouts per task (fewer if the batch is smaller)
     # the controls use bootstrap GAE, as when they were first measured (the main preset now uses cut)
     "ppo_frozen_summarizer": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.frozen_summarizer": True,
-                              "rl.train_summaries": False},
-    "ppo_masked_summaries": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.train_summaries": False},
-    "ppo_no_budget": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "env.context_budget": 4096},
+                              "rl.ppo.train_summaries": False},
+    "ppo_masked_summaries": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.ppo.train_summaries": False},
+    "ppo_no_budget": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "env.context_budget.budget": 4096},
 }
 QUICK_ARMS = ("ppo_bootstrap", "ppo_cut", "grpo", "ppo_frozen_summarizer", "ppo_no_budget")
 
@@ -98,10 +98,10 @@ def base_config(quick: bool, serving_budget: int | None, preset_name: str = "abl
     cfg = preset(preset_name)
     changes: dict[str, Any] = {}
     if quick:
-        changes.update({"rl.iterations": 7, "rl.episodes_per_iter": 16, "rl.critic_warmup_iters": 1,
+        changes.update({"rl.iterations": 7, "rl.episodes_per_iter": 16, "rl.critic_pretrain_steps": 4,
                         "eval.episodes": 64, "eval.every": 7})
     if serving_budget:
-        changes["env.context_budget"] = serving_budget
+        changes["env.context_budget.budget"] = serving_budget
     return override(cfg, changes) if changes else cfg
 
 
@@ -110,8 +110,8 @@ def arm_config(base, arm: str, seed: int, sft_model: str):
 
     changes = dict(ARMS[arm])
     changes.update({"seed": seed, "model.pretrained": sft_model, "sft.enabled": False, "eval.initial": False})
-    if "env.context_budget" in changes:  # trained without compaction, evaluated with the serving budget
-        changes["eval.context_budget"] = base.env.context_budget
+    if "env.context_budget.budget" in changes:  # trained without compaction, evaluated with the serving budget
+        changes["eval.context_budget"] = base.env.context_budget.budget
     if changes.get("rl.algo") == "grpo":
         changes["rl.group_size"] = min(4, base.rl.episodes_per_iter)
     return override(base, changes)

@@ -1,0 +1,465 @@
+"""Does GAE across trace boundaries help? Five arms x seeds x two task regimes, equal compute, one command.
+
+Arms (every one from the same SFT model of its regime, with the reference recipe --
+``--preset compactionrl``: gamma 1, adaptive lambda, value lambda 1, critic pre-training --
+except where the table says):
+
+=========================  ===================================================================
+arm                        what changes
+=========================  ===================================================================
+ppo_bootstrap              the reference recipe: GAE runs across trace boundaries
+ppo_bootstrap_lambda095    the same with the advantages' lambda fixed at 0.95
+ppo_cut                    GAE restarts at every trace (reference recipe otherwise)
+grpo                       group-relative outcome advantage (4 rollouts per task), no critic
+frozen_summarizer          PPO bootstrap; summaries written by a frozen copy of the SFT model
+=========================  ===================================================================
+
+Regimes: ``default`` (the main job's ``tiny`` tasks at budget 860) and ``long_noisy`` (the
+``long_noisy`` generator preset: 3+ compactions in most episodes, flaky test runs; 8 turns,
+6 compactions; docs/environments.md).
+
+Equal compute: every arm of a regime gets the same policy-training episodes and the same number
+of policy optimiser steps (``rl.iterations`` x ``epochs`` x ``minibatches``). PPO arms also
+pre-train their critic (``rl.critic_pretrain_steps``) on extra rollouts before the first policy
+update; those episodes and critic steps are counted and reported, never taken from the policy's
+budget. The table reports each arm's counts: episodes, critic pre-training episodes, policy steps,
+critic steps, generated tokens.
+
+Evaluation is cheap in the middle and full at the end: the trainer evaluates ``eval.episodes``
+held-out tasks every ``eval.every`` iterations (the curve), and each finished run's final model is
+evaluated on ``--final-episodes`` held-out tasks (the same task seeds for every arm and seed, and
+for the regime's SFT model), recording each episode's task seed, success and chain length.
+Reported per regime and arm: final success (mean over seeds, 95% t-interval; pooled Wilson
+interval), area under the held-out curve (mean success over iterations 0..N, SFT at 0), success on
+the longest-chain tasks (those where the SFT model's chain was in its top quarter), and paired
+comparisons over seeds (same seed = same SFT model, same tasks) with the minimum detectable
+effect at 80% power.
+
+One cell is (regime, arm, seed). A finished cell is written to ``cells/`` at once and never run
+again under ``--resume``; ``results.json`` and ``results.md`` are regenerated from the cells.
+Cells run in ``--jobs`` processes (one torch thread each)::
+
+    python benchmarks/boundary_experiment.py --out runs/boundary               # the full experiment
+    python benchmarks/boundary_experiment.py --out runs/boundary --resume      # continue / re-render
+    python benchmarks/boundary_experiment.py --smoke --out /tmp/boundary-smoke # seconds (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compaction_ablation import _T975, t_interval, wilson  # noqa: E402  (one set of statistics)
+
+log = logging.getLogger("boundary_experiment")
+
+ARMS: dict[str, dict[str, Any]] = {
+    "ppo_bootstrap": {"rl.algo": "ppo", "rl.boundary": "bootstrap"},
+    "ppo_bootstrap_lambda095": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.lmbda": 0.95},
+    "ppo_cut": {"rl.algo": "ppo", "rl.boundary": "cut"},
+    "grpo": {"rl.algo": "grpo"},
+    "frozen_summarizer": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.frozen_summarizer": True,
+                          "rl.ppo.train_summaries": False},
+}
+REGIMES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 8, "env.context_budget.max_compactions": 6},
+}
+PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
+         ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
+"""Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
+
+BUDGETS: dict[str, dict[str, Any]] = {
+    # chosen from a measured cell (docs/experiments.md): 4 policy iterations x 16 episodes, a curve
+    # point at iterations 2 and 4 on 16 tasks, 64 held-out tasks at the end
+    "full": {"preset": "compactionrl", "seeds": 8, "final_episodes": 64, "changes": {
+        "rl.iterations": 4, "rl.episodes_per_iter": 16, "rl.critic_pretrain_steps": 16,
+        "eval.every": 2, "eval.episodes": 16}},
+    "smoke": {"preset": "smoke", "seeds": 2, "final_episodes": 2, "changes": {}},
+}
+PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"}}}
+"""Where a preset cannot take a regime's env as it is (the smoke preset's budget and turns stay)."""
+
+
+# -- configs -------------------------------------------------------------------------------------
+
+
+def regime_config(budget: str, regime: str, threads: int, extra: dict[str, Any] | None = None):
+    """The training config every arm of ``regime`` starts from (and its SFT run uses); ``extra``:
+    dotted overrides on top (``--set``)."""
+    from compactrl.algos.config import override, preset
+
+    b = BUDGETS[budget]
+    changes = {**b["changes"], **PRESET_REGIMES.get(b["preset"], REGIMES).get(regime, REGIMES[regime]),
+               "threads": threads, **(extra or {})}
+    return override(preset(b["preset"]), changes)
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``["rl.lr=3e-4", "sft.steps=80"]`` -> ``{"rl.lr": 0.0003, "sft.steps": 80}`` (JSON values, else strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def arm_config(base, arm: str, seed: int, sft_model: str):
+    from compactrl.algos.config import override
+
+    changes = {**ARMS[arm], "seed": seed, "model.pretrained": sft_model, "sft.enabled": False, "eval.initial": False}
+    if ARMS[arm].get("rl.algo") == "grpo":
+        changes["rl.group_size"] = min(4, base.rl.episodes_per_iter)
+    return override(base, changes)
+
+
+# -- one cell --------------------------------------------------------------------------------------
+
+
+def final_evaluation(cfg, model_dir: str, episodes: int) -> list[list]:
+    """``[task_seed, success, traces]`` of each of ``episodes`` held-out episodes of ``model_dir``
+    (greedy; the same task seeds for every model of a regime)."""
+    import torch
+
+    from compactrl.algos.config import override
+    from compactrl.algos.trainer import build_policy, make_env_fns
+    from compactrl.eval.episodes import evaluate_policy
+    from compactrl.tokenizer import load_tokenizer
+
+    torch.set_num_threads(cfg.threads)
+    tokenizer = load_tokenizer()
+    _, policy = build_policy(override(cfg, {"model.pretrained": model_dir}), tokenizer)
+    fns = make_env_fns(cfg.env, split=cfg.eval.split, count=cfg.env.num_envs, budget=cfg.eval.context_budget or None)
+    _, stats = evaluate_policy(fns, policy, episodes=episodes, seed=cfg.eval.seed, pad_id=tokenizer.pad_token_id or 0)
+    return [[s.task_seed, int(s.success), s.num_traces] for s in stats]
+
+
+def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
+    """What a run spent: episodes, optimiser steps and generated tokens, from its metrics rows.
+
+    Policy and critic steps per iteration are ``epochs x minibatches`` (x ``critic_updates``),
+    as the update takes them on every batch of at least ``minibatches`` traces.
+    """
+    rl, ppo = cfg.rl, cfg.rl.algo == "ppo"
+    iters = [r for r in rows if r.get("iteration", 0) > 0]
+    per_iter = rl.epochs * rl.minibatches
+    pretrain_batches = rows[0].get("pretrain/batches", 0.0) if rows and ppo else 0.0
+    return {
+        "episodes": sum(r.get("train/episodes", 0.0) for r in iters),
+        "critic_pretrain_episodes": pretrain_batches * rl.episodes_per_iter,
+        "policy_steps": float(len(iters) * per_iter),
+        "critic_steps": float(min(rl.critic_pretrain_steps, pretrain_batches * per_iter * rl.critic_updates)
+                              + len(iters) * per_iter * rl.critic_updates) if ppo else 0.0,
+        "generated_tokens": sum(r.get("train/generated_tokens_per_episode", 0.0) * r.get("train/episodes", 0.0)
+                                for r in iters),
+    }
+
+
+def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
+    """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
+    from compactrl.algos.config import TrainConfig
+    from compactrl.algos.run_dir import RunDir
+    from compactrl.algos.trainer import train
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
+    if not (run_dir / "report.md").exists():
+        train(cfg, run_dir, resume=(run_dir / "checkpoint.pt").exists())
+    rows = RunDir(run_dir).rows()
+    record = {
+        "regime": spec["regime"], "arm": spec["arm"], "seed": spec["seed"],
+        "curve": [[r["iteration"], r["eval/success_rate"]] for r in rows if "eval/success_rate" in r],
+        "episodes": final_evaluation(cfg, str(run_dir / "final_model"), spec["final_episodes"]),
+        "counts": compute_counts(cfg, rows),
+        # the critic's held-out diagnostics at its last evaluation, where the trainer logs them
+        "critic": {k: v for r in rows if "eval/success_rate" in r for k, v in r.items() if k.startswith("critic/trace_start")},
+        "wall_clock_s": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - cpu0,  # what the cell costs whatever else runs on the machine
+    }
+    write_json(Path(spec["cell_path"]), record)
+    return record
+
+
+def run_sft(spec: dict[str, Any]) -> dict[str, Any]:
+    """The regime's SFT model (trained once) and its held-out episodes (iteration 0 of every curve)."""
+    from compactrl.algos.config import TrainConfig, override
+    from compactrl.algos.run_dir import RunDir
+    from compactrl.algos.trainer import train
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
+    if not (run_dir / "report.md").exists():
+        train(override(cfg, {"rl.iterations": 0, "rl.critic_pretrain_steps": 0, "eval.initial": False}), run_dir,
+              resume=(run_dir / "checkpoint.pt").exists())
+    record = {"regime": spec["regime"], "model": str(run_dir / "sft_model"),
+              "episodes": final_evaluation(cfg, str(run_dir / "sft_model"), spec["final_episodes"]),
+              "time_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
+              "rows": RunDir(run_dir).rows()[:1]}
+    write_json(Path(spec["cell_path"]), record)
+    return record
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+_T80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883,
+        10: 0.879, 11: 0.876, 12: 0.873, 13: 0.870, 14: 0.868, 15: 0.866}
+"""One-sided 80% quantiles of Student's t by degrees of freedom (0.842 beyond)."""
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, float]:
+    """Paired difference ``a - b`` over seeds: mean, 95% t-interval, and the minimum detectable
+    effect of a two-sided 5% paired t-test at 80% power, ``(t_0.975 + t_0.8) * sd / sqrt(n)``."""
+    d = [x - y for x, y in zip(a, b)]
+    n = len(d)
+    mean, lo, hi = t_interval(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else float("nan")
+    mde = (_T975.get(n - 1, 1.96) + _T80.get(n - 1, 0.842)) * sd / math.sqrt(n) if n > 1 else float("nan")
+    return {"n": n, "mean_diff": mean, "ci95": [lo, hi], "sd_diff": sd, "mde80": mde}
+
+
+def auc(curve: list[list[float]], sft_success: float) -> float:
+    """Mean held-out success over iterations 0..N (trapezoids; iteration 0 is the SFT model)."""
+    pts = sorted({0: sft_success, **{int(i): s for i, s in curve}}.items())
+    if len(pts) < 2:
+        return pts[0][1]
+    area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(pts, pts[1:]))
+    return area / (pts[-1][0] - pts[0][0])
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    """Mean of the values that are there (None when none is)."""
+    xs = [x for x in xs if x is not None and x == x]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _with_final(curve: list[list[float]], final: float) -> list[list[float]]:
+    """The trainer's curve with its last point replaced by the full final evaluation."""
+    if not curve:
+        return []
+    last = max(int(i) for i, _ in curve)
+    return [pt for pt in curve if int(pt[0]) != last] + [[last, final]]
+
+
+def long_chain_tasks(sft_episodes: list[list]) -> tuple[set[int], int]:
+    """Tasks whose SFT chain is in its top quarter: the smallest length ``L`` with at least a
+    quarter of the tasks at ``>= L`` traces; fixed by the shared SFT model, so arms compare on the
+    same tasks."""
+    lengths = sorted((e[2] for e in sft_episodes), reverse=True)
+    threshold = lengths[max(0, math.ceil(len(lengths) / 4) - 1)] if lengths else 1
+    return {e[0] for e in sft_episodes if e[2] >= threshold}, threshold
+
+
+def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -> dict[str, Any]:
+    cells = sorted(cells, key=lambda c: c["seed"])
+    final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in cells]
+    aucs = [auc(_with_final(c["curve"], f), sft_success) for c, f in zip(cells, final)]
+    long = [[e[1] for e in c["episodes"] if e[0] in long_tasks] for c in cells]
+    k, n = sum(sum(e[1] for e in c["episodes"]) for c in cells), sum(len(c["episodes"]) for c in cells)
+    counts = {key: sum(c["counts"][key] for c in cells) / len(cells) for key in cells[0]["counts"]}
+    return {
+        "seeds": [c["seed"] for c in cells], "final_per_seed": final,
+        "final": dict(zip(("mean", "lo", "hi"), t_interval(final))), "pooled_wilson": list(wilson(k, n)),
+        "auc_per_seed": aucs, "auc": dict(zip(("mean", "lo", "hi"), t_interval(aucs))),
+        "long_chain_per_seed": [sum(x) / len(x) if x else float("nan") for x in long],
+        "long_chain_pooled_wilson": list(wilson(sum(map(sum, long)), sum(map(len, long)))),
+        "traces_per_episode": sum(e[2] for c in cells for e in c["episodes"]) / max(1, n),
+        "critic_trace_start_auc": _mean([c.get("critic", {}).get("critic/trace_start_auc") for c in cells]),
+        "counts_per_seed": counts, "cell_wall_clock_s": sum(c["wall_clock_s"] for c in cells) / len(cells),
+        "cell_cpu_s": sum(c.get("cpu_s", float("nan")) for c in cells) / len(cells),
+    }
+
+
+def aggregate(cells: list[dict], sfts: dict[str, dict]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for regime, sft in sfts.items():
+        sft_success = sum(e[1] for e in sft["episodes"]) / max(1, len(sft["episodes"]))
+        long_tasks, threshold = long_chain_tasks(sft["episodes"])
+        arms = {}
+        for arm in ARMS:
+            mine = [c for c in cells if c["regime"] == regime and c["arm"] == arm]
+            if mine:
+                arms[arm] = summarize_arm(mine, sft_success, long_tasks)
+        out[regime] = {"sft_success": sft_success, "long_chain_min_traces": threshold,
+                       "long_chain_tasks": len(long_tasks), "arms": arms, "paired": comparisons(arms)}
+    return out
+
+
+def comparisons(arms: dict[str, dict]) -> dict[str, dict]:
+    """:func:`paired` differences of final success, AUC and longest-chain success for each of
+    :data:`PAIRS` present, over the seeds both arms finished."""
+    def per_seed(arm: str, key: str, seeds: set[int]) -> list[float]:
+        return [v for s, v in zip(arms[arm]["seeds"], arms[arm][f"{key}_per_seed"]) if s in seeds]
+
+    out = {}
+    for a, b in PAIRS:
+        if a in arms and b in arms:
+            seeds = set(arms[a]["seeds"]) & set(arms[b]["seeds"])
+            out[f"{a} - {b}"] = {key: paired(per_seed(a, key, seeds), per_seed(b, key, seeds))
+                                 for key in ("final", "auc", "long_chain")}
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"Boundary experiment ({results['budget']} budget): {results['config_summary']}", ""]
+    for regime, r in results["regimes"].items():
+        lines += [f"## Regime `{regime}`", "",
+                  f"SFT model: held-out success {r['sft_success']:.3f}; longest-chain tasks: "
+                  f"{r['long_chain_tasks']} with >= {r['long_chain_min_traces']} traces under the SFT model.", "",
+                  "| arm | seeds | final success (95% CI, seeds) | pooled Wilson | AUC (95% CI) | longest-chain success "
+                  "(pooled Wilson) | traces/ep | episodes | critic pre-train episodes | policy steps | critic steps "
+                  "| generated tokens | min/cell (wall, CPU) | critic trace-start AUC |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for arm, a in r["arms"].items():
+            f, u, c = a["final"], a["auc"], a["counts_per_seed"]
+            lc = [x for x in a["long_chain_per_seed"] if x == x]
+            lines.append(
+                f"| {arm} | {len(a['seeds'])} | {f['mean']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}] | "
+                f"[{a['pooled_wilson'][0]:.3f}, {a['pooled_wilson'][1]:.3f}] | {u['mean']:.3f} [{u['lo']:.3f}, {u['hi']:.3f}] | "
+                f"{(sum(lc) / len(lc) if lc else float('nan')):.3f} [{a['long_chain_pooled_wilson'][0]:.3f}, "
+                f"{a['long_chain_pooled_wilson'][1]:.3f}] | {a['traces_per_episode']:.2f} | {c['episodes']:.0f} | "
+                f"{c['critic_pretrain_episodes']:.0f} | {c['policy_steps']:.0f} | {c['critic_steps']:.0f} | "
+                f"{c['generated_tokens']:.0f} | {a['cell_wall_clock_s'] / 60:.1f}, {a['cell_cpu_s'] / 60:.1f} | "
+                f"{'-' if a['critic_trace_start_auc'] is None else format(a['critic_trace_start_auc'], '.3f')} |")
+        lines += ["", "| paired over seeds (a - b) | final: diff [95% CI], MDE80 | AUC: diff [95% CI], MDE80 | "
+                      "longest chain: diff [95% CI], MDE80 |", "|---|---|---|---|"]
+        for name, p in r["paired"].items():
+            lines.append(f"| {name} (n={p['final']['n']}) | " + " | ".join(
+                f"{p[k]['mean_diff']:+.3f} [{p[k]['ci95'][0]:+.3f}, {p[k]['ci95'][1]:+.3f}], {p[k]['mde80']:.3f}"
+                for k in ("final", "auc", "long_chain")) + " |")
+        lines.append("")
+    lines.append(f"Command: `{results['command']}`; {results['cells']} cells, {results['wall_clock_s'] / 60:.1f} min "
+                 f"in this invocation ({results['machine']}).")
+    return "\n".join(lines) + "\n"
+
+
+# -- the regimes, measured with the scripted oracle ---------------------------------------------------
+
+
+def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str:
+    """Chain lengths and success of :class:`~compactrl.policies.scripted.OraclePolicy` on each
+    regime's held-out tasks (the experiment's env, budget and limits), per summary quality."""
+    from collections import Counter
+
+    from compactrl.algos.trainer import make_env_fns
+    from compactrl.eval.episodes import evaluate_policy
+    from compactrl.policies.scripted import OraclePolicy
+
+    lines = ["| regime | summary quality | success | traces/ep | episodes by traces (success) |", "|---|---|---|---|---|"]
+    for regime in regimes:
+        cfg = regime_config("full", regime, threads=1)
+        for q in qualities:
+            fns = make_env_fns(cfg.env, split=cfg.eval.split, count=8)
+            agg, stats = evaluate_policy(fns, OraclePolicy(summary_quality=q), episodes=episodes, seed=cfg.eval.seed,
+                                         give_task_to_policy=True)
+            by = Counter(s.num_traces for s in stats)
+            strata = ", ".join(f"{k}: {n} ({sum(s.success for s in stats if s.num_traces == k) / n:.2f})"
+                               for k, n in sorted(by.items()))
+            lines.append(f"| {regime} | {q} | {agg['success_rate']:.3f} | {agg['traces_per_episode']:.2f} | {strata} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def _run_all(fn, specs: list[dict], jobs: int) -> None:
+    if jobs <= 1 or len(specs) <= 1:
+        for spec in specs:
+            fn(spec)
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        for spec, future in [(s, pool.submit(fn, s)) for s in specs]:
+            future.result()
+            log.info("finished %s", spec["cell_path"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import platform
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="runs/boundary", help="output directory (cells/, runs, results.json/md)")
+    p.add_argument("--smoke", action="store_true", help="the CI budget: the smoke preset, 2 seeds, seconds")
+    p.add_argument("--resume", action="store_true", help="keep finished cells and SFT models; run the rest")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: 8; smoke 2)")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
+    p.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regimes")
+    p.add_argument("--jobs", type=int, default=2, help="cells run in parallel, one torch thread each")
+    p.add_argument("--final-episodes", type=int, default=None, help="held-out episodes per final evaluation")
+    p.add_argument("--oracle", type=int, default=0, metavar="EPISODES",
+                   help="only measure the regimes with the scripted oracle on EPISODES held-out tasks")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field of every run (dotted name, JSON value), e.g. --set rl.lr=3e-4")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    budget = "smoke" if args.smoke else "full"
+    arms, regimes = args.arms.split(","), args.regimes.split(",")
+    bad = [a for a in arms if a not in ARMS] + [r for r in regimes if r not in REGIMES]
+    if bad:
+        raise SystemExit(f"unknown arms/regimes {bad}; arms: {sorted(ARMS)}, regimes: {sorted(REGIMES)}")
+    if args.oracle:
+        print(oracle_table(regimes, args.oracle))  # noqa: T201 - benchmark output
+        return 0
+    out, t0 = Path(args.out), time.perf_counter()
+    if (out / "cells").exists() and not args.resume:
+        raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
+    seeds = args.seeds or BUDGETS[budget]["seeds"]
+    final_episodes = args.final_episodes or BUDGETS[budget]["final_episodes"]
+    threads = 1 if args.jobs > 1 else 2
+    bases = {r: regime_config(budget, r, threads, parse_sets(args.set)) for r in regimes}
+
+    def spec(regime, name, config, run_dir, **extra):
+        return {"regime": regime, "config": config.to_dict(), "run_dir": str(run_dir),
+                "cell_path": str(out / "cells" / f"{name}.json"), "final_episodes": final_episodes, **extra}
+
+    sft_specs = [spec(r, f"{r}__sft", bases[r], out / r / "sft") for r in regimes]
+    _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs)
+    sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
+    cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",
+                       arm=a, seed=s) for r in regimes for s in range(seeds) for a in arms]
+    todo = [s for s in cell_specs if not Path(s["cell_path"]).exists()]
+    log.info("%d cells, %d to run (%d finished)", len(cell_specs), len(todo), len(cell_specs) - len(todo))
+    _run_all(run_cell, todo, args.jobs)
+    cells = [json.loads(Path(s["cell_path"]).read_text()) for s in cell_specs]
+    base = next(iter(bases.values()))
+    results = {
+        "command": " ".join(["python benchmarks/boundary_experiment.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {args.jobs} jobs",
+        "budget": budget, "cells": len(cells), "cells_run_now": len(todo),
+        "config_summary": (f"{base.rl.iterations} policy iterations x {base.rl.episodes_per_iter} episodes, "
+                           f"{base.rl.critic_pretrain_steps} critic pre-training steps (PPO), curve every "
+                           f"{base.eval.every} iterations on {base.eval.episodes} tasks, {final_episodes} held-out "
+                           f"tasks at the end, {seeds} seeds"),
+        "base_config": {r: dataclasses.asdict(b) for r, b in bases.items()},
+        "regimes": aggregate(cells, sfts), "wall_clock_s": time.perf_counter() - t0,
+    }
+    write_json(out / "results.json", results)
+    (out / "results.md").write_text(markdown(results))
+    print(markdown(results))  # noqa: T201 - benchmark output
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
