@@ -127,7 +127,8 @@ class EpisodeResult:
 
 def run_episode(gateway_url: str, model: str, session: str, task: Task, sandbox: Sandbox, fmt: ChatFormat, *,
                 context_tokens: int, step_limit: int = 6, max_tokens: int = 48, temperature: float = 1.0,
-                config_name: str = "mini.yaml", action_regex: str | None = None) -> EpisodeResult:
+                config_name: str = "mini.yaml", action_regex: str | None = None,
+                command_timeout_s: float = 30.0) -> EpisodeResult:
     """One mini-swe-agent episode on ``task`` in a started ``sandbox``; the session ends with the check.
 
     ``config_name``: one of mini-swe-agent's packaged configs, ``mini.yaml`` (``bash`` tool calls) or
@@ -152,7 +153,8 @@ def run_episode(gateway_url: str, model: str, session: str, task: Task, sandbox:
                                     "api_key": "none", "max_tokens": max_tokens, "temperature": temperature,
                                     "num_retries": 0}
     agent_config = {k: v for k, v in config["agent"].items() if k in ("system_template", "instance_template")}
-    agent = _agent_class()(get_model(config=model_config), SandboxEnvironment(sandbox), fmt=fmt,
+    env = SandboxEnvironment(sandbox, timeout_s=command_timeout_s)
+    agent = _agent_class()(get_model(config=model_config), env, fmt=fmt,
                            context_tokens=context_tokens, step_limit=step_limit, cost_limit=0.0,
                            max_consecutive_format_errors=0, **agent_config)
     result = agent.run(task.instruction)

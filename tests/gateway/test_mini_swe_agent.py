@@ -37,7 +37,7 @@ def _episode(gateway, seed: int, session: str, step_limit: int):
     try:
         return run_episode(gateway.url, "tiny", session, task, sandbox, gateway.fmt, context_tokens=CONTEXT,
                            step_limit=step_limit, max_tokens=48, config_name="default.yaml",
-                           action_regex=FIRST_LINE)
+                           action_regex=FIRST_LINE, command_timeout_s=3.0)  # random text may wait
     finally:
         sandbox.close()
 
