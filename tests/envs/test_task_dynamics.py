@@ -150,3 +150,19 @@ def test_long_noisy_oracle_chains_are_long_at_the_training_budget():
         collector.shutdown()
     assert statistics.median(s.num_traces for s in stats) >= 4  # the stratum label: traces per episode
     assert 0.6 <= sum(s.success for s in stats) / len(stats) < 1.0  # flakes cost some episodes
+
+
+def test_progress_reward_sits_on_the_last_token_of_the_response_that_earned_it():
+    cfg = dataclasses.replace(PRESETS["tiny"], name="knobs", max_turns=40, progress_reward=0.25)
+    env = gym.make("CompactCode-v0", difficulty=cfg, split="test", budget=4096, max_compactions=0)
+    env.reset(seed=1)
+    task = env.unwrapped.task
+    fix = task.metadata["fix"][0]
+    env.step(format_call(ToolCall("replace", path=fix["file"], old=fix["old"], new=fix["new"])))
+    env.step("<tool>test</tool>")
+    *_, info = env.step("<tool>submit</tool>")
+    trace = info["trace"]
+    trace.validate()  # rewards only on policy tokens
+    mask = [*trace.policy_mask, False]
+    ends = [i for i in range(len(trace.token_ids)) if mask[i] and not mask[i + 1]]  # each response's last token
+    assert sorted(trace.rewards.items()) == [(ends[0], 0.0), (ends[1], 0.25), (ends[2], 1.0)]
