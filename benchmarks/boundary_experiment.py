@@ -153,19 +153,24 @@ def final_evaluation(cfg, model_dir: str, episodes: int) -> list[list]:
 def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
     """What a run spent: episodes, optimiser steps and generated tokens, from its metrics rows.
 
-    Policy and critic steps per iteration are ``epochs x minibatches`` (x ``critic_updates``),
-    as the update takes them on every batch of at least ``minibatches`` traces.
+    An iteration whose row has ``policy/grad_norm`` (``critic/grad_norm``) updated the policy (the
+    critic); the update takes ``epochs x min(minibatches, traces)`` such steps on a batch (times
+    ``critic_updates`` for the critic), and the pre-training phase ``rl.critic_pretrain_steps``.
     """
-    rl, ppo = cfg.rl, cfg.rl.algo == "ppo"
+    rl = cfg.rl
     iters = [r for r in rows if r.get("iteration", 0) > 0]
-    per_iter = rl.epochs * rl.minibatches
-    pretrain_batches = rows[0].get("pretrain/batches", 0.0) if rows and ppo else 0.0
+
+    def steps(r: dict) -> float:
+        traces = r.get("train/episodes", 0.0) * r.get("train/traces_per_episode", 0.0)
+        return rl.epochs * min(rl.minibatches, max(1, round(traces)))
+
+    pretrain_batches = rows[0].get("pretrain/batches", 0.0) if rows else 0.0
     return {
         "episodes": sum(r.get("train/episodes", 0.0) for r in iters),
         "critic_pretrain_episodes": pretrain_batches * rl.episodes_per_iter,
-        "policy_steps": float(len(iters) * per_iter),
-        "critic_steps": float(min(rl.critic_pretrain_steps, pretrain_batches * per_iter * rl.critic_updates)
-                              + len(iters) * per_iter * rl.critic_updates) if ppo else 0.0,
+        "policy_steps": float(sum(steps(r) for r in iters if "policy/grad_norm" in r)),
+        "critic_steps": float((rl.critic_pretrain_steps if pretrain_batches else 0)
+                              + sum(steps(r) * rl.critic_updates for r in iters if "critic/grad_norm" in r)),
         "generated_tokens": sum(r.get("train/generated_tokens_per_episode", 0.0) * r.get("train/episodes", 0.0)
                                 for r in iters),
     }

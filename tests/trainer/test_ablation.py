@@ -133,3 +133,18 @@ def test_paired_difference_and_power(d, shift):
     shifted = be.paired([x + shift for x in a], b)  # a constant shift moves the mean, not the power
     assert shifted["mean_diff"] == pytest.approx(p["mean_diff"] + shift, abs=1e-9)
     assert shifted["mde80"] == pytest.approx(p["mde80"], abs=1e-9)
+
+
+def test_counts_follow_the_rows_that_updated():
+    from compactrl.algos.config import override
+
+    cfg = override(be.regime_config("full", "default", threads=1), {"rl.epochs": 2, "rl.minibatches": 2,
+                                                                   "rl.critic_updates": 2, "rl.critic_pretrain_steps": 5})
+    rows = [{"iteration": 0, "pretrain/batches": 1.0},
+            {"iteration": 1, "train/episodes": 16.0, "train/traces_per_episode": 2.0, "train/generated_tokens_per_episode": 10.0,
+             "policy/grad_norm": 1.0, "critic/grad_norm": 1.0},
+            {"iteration": 2, "train/episodes": 1.0, "train/traces_per_episode": 1.0, "train/generated_tokens_per_episode": 4.0,
+             "critic/grad_norm": 1.0}]  # one trace: one minibatch; no policy step
+    counts = be.compute_counts(cfg, rows)
+    assert counts == {"episodes": 17.0, "critic_pretrain_episodes": 16.0, "policy_steps": 4.0,
+                      "critic_steps": 5.0 + 8.0 + 4.0, "generated_tokens": 164.0}
