@@ -138,3 +138,30 @@ def test_solution_in_real_bash_passes_the_check_script(seed: int) -> None:
         for cmd in render_solution(task, {f["key"]: f["value"] for f in meta["facts"]}):
             subprocess.run(["bash", "-c", cmd], cwd=root, env=env, check=True, timeout=30)
         assert subprocess.run([sys.executable, CHECK_SCRIPT], cwd=root, timeout=60).returncode == 0
+
+
+def test_presets_generate_the_same_tasks_as_before_the_flaky_knob() -> None:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in ("easy", "default", "hard"):
+        gen = TerminalTaskGenerator(name)
+        for seed in range(12):
+            digest.update(gen.generate(seed).to_json().encode())
+    assert digest.hexdigest() == "daf685221f4a89aa5d4766329442b3d8e47dd23cf551c235e86348877e770b0c"
+
+
+def test_a_flaked_checker_run_does_not_accept_the_submit() -> None:
+    import dataclasses
+
+    from compactrl.envs.terminal_env import TerminalEnv
+
+    cfg = dataclasses.replace(PRESETS["easy"], name="flaky", flaky_test_p=0.999)
+    task = TerminalTaskGenerator(cfg).generate(task_seed_for("test", 0))
+    assert task.metadata["dynamics"]["flaky_test_p"] == 0.999
+    plain = TerminalTaskGenerator(dataclasses.replace(cfg, flaky_test_p=0.0)).generate(task_seed_for("test", 0))
+    assert plain.files == task.files and "dynamics" not in plain.metadata
+    env = TerminalEnv(task)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, _ = env.step("<tool>submit</tool>")
+    assert "not accepted" in obs and reward == 0.0 and not terminated and not truncated

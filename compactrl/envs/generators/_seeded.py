@@ -37,6 +37,17 @@ def split_of_seed(seed: int) -> str:
     return SPLITS[seed % len(SPLITS)]
 
 
+def config_record(config: Any, run_time_fields: tuple[str, ...]) -> dict[str, Any]:
+    """``config``'s fields as JSON-ready values, each of ``run_time_fields`` only when it differs from
+    its default: tasks of configs that leave those knobs off serialise, and are labelled, exactly as
+    before the knobs existed."""
+    out = json.loads(json.dumps(asdict(config)))
+    for name in run_time_fields:
+        if out[name] == getattr(type(config), name):
+            del out[name]
+    return out
+
+
 def resolve_preset(
     difficulty: str | ConfigT, presets: Mapping[str, ConfigT], config_type: type[ConfigT]
 ) -> ConfigT:

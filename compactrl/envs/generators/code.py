@@ -14,16 +14,15 @@ disjoint seed sets: :func:`task_seed_for` maps ``(split, index)`` to ``index * 3
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from compactrl.envs.generators._facts import CATALOGUE, FactSpec, code_value, render
 from compactrl.envs.generators._filler import Block, _func, config_block, doc_block, doc_paragraph
 from compactrl.envs.generators._seeded import SPLITS as SPLITS
 from compactrl.envs.generators._seeded import GeneratedTasks as GeneratedTasks
-from compactrl.envs.generators._seeded import SeededGenerator, resolve_preset, split_of_seed
+from compactrl.envs.generators._seeded import SeededGenerator, config_record, resolve_preset, split_of_seed
 from compactrl.envs.generators._seeded import task_seed_for as task_seed_for
 from compactrl.envs.task import Check, Task
 
@@ -98,13 +97,8 @@ class CodeTaskConfig:
         _check(self.progress_reward >= 0.0, "progress_reward", ">= 0", self.progress_reward)
 
     def record(self) -> dict:
-        """The fields as JSON-ready values, the run-time knobs only when set: tasks of configs that
-        leave them off serialise (and are labelled) exactly as before the knobs existed."""
-        out = json.loads(json.dumps(asdict(self)))
-        for name in DYNAMICS_FIELDS:
-            if out[name] == getattr(CodeTaskConfig, name):
-                del out[name]
-        return out
+        """The fields as JSON-ready values, the run-time knobs only when set (see :func:`config_record`)."""
+        return config_record(self, DYNAMICS_FIELDS)
 
 
 DYNAMICS_FIELDS = ("flaky_test_p", "progress_reward")

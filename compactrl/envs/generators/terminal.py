@@ -27,7 +27,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from compactrl.envs.generators._seeded import GeneratedTasks, SeededGenerator, resolve_preset
+from compactrl.envs.generators._seeded import GeneratedTasks, SeededGenerator, config_record, resolve_preset
 from compactrl.envs.generators.terminal_check import check_state, render_script
 from compactrl.envs.sandbox.base import TestReport
 from compactrl.envs.task import Check, Task
@@ -69,6 +69,10 @@ class TerminalTaskConfig:
     """Unrelated files (other nodes, days, services) next to the ones that matter."""
     max_turns: int = 40
     """Turn limit stored in each task."""
+    flaky_test_p: float = 0.0
+    """Probability that a checker run (a submit, the grading at a limit) also fails, whatever the
+    state; a submit whose run flaked is not accepted and the episode goes on (as the code tasks'
+    knob: :mod:`compactrl.envs.generators.dynamics`)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.families) and set(self.families) <= set(FAMILIES), "families",
@@ -81,6 +85,11 @@ class TerminalTaskConfig:
         _check(0 <= self.distractors_per_fact <= 8, "distractors_per_fact", "in [0, 8]", self.distractors_per_fact)
         _check(0 <= self.extra_files <= 20, "extra_files", "in [0, 20]", self.extra_files)
         _check(self.max_turns >= 1, "max_turns", ">= 1", self.max_turns)
+        _check(0.0 <= self.flaky_test_p < 1.0, "flaky_test_p", "a value in [0, 1)", self.flaky_test_p)
+
+    def record(self) -> dict:
+        """The fields as JSON-ready values, ``flaky_test_p`` only when set (see :func:`config_record`)."""
+        return config_record(self, ("flaky_test_p",))
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:
@@ -383,7 +392,9 @@ def _generate(cfg: TerminalTaskConfig, label: str, seed: int) -> Task:
                     timeout_s=60.0),
         max_turns=cfg.max_turns,
         source="generated",
-        metadata={"terminal": {"family": family, "facts": facts, "solution": plan.solution, "spec": plan.spec}},
+        metadata={"terminal": {"family": family, "facts": facts, "solution": plan.solution, "spec": plan.spec},
+                  **({"dynamics": {"flaky_test_p": cfg.flaky_test_p, "flaky_test": f"{CHECK_SCRIPT}::flaky_clock_check"}}
+                     if cfg.flaky_test_p else {})},
     )
 
 
