@@ -150,8 +150,8 @@ class TextProgress:
     """Progress as plain-text lines when the output is not a terminal (a log file, a pipe).
 
     Rich's live bars written to a file appear only at the end; these lines appear as the run goes:
-    ``12:03:41  SFT  120/300  4m10s elapsed  ETA 6m15s  nll 1.234``, at most one per phase every
-    ``every_s`` seconds, and always at a phase's last step. Same interface as rich's ``Progress``
+    ``12:03:41  SFT  120/300  4m10s elapsed  ETA 6m15s  nll 1.234``: a phase's first step, then at
+    most one line per phase every ``every_s`` seconds, and always its last step. Same interface as rich's ``Progress``
     (``add_task``, ``update``, ``stop``).
     """
 
@@ -169,7 +169,8 @@ class TextProgress:
         t = self.tasks[task]
         t["done"] += advance
         now = time.monotonic()
-        if now - t["shown"] < self.every_s and t["done"] < t["total"]:
+        first = t["done"] - advance <= t["first"]  # a phase's first step says that it has started
+        if now - t["shown"] < self.every_s and t["done"] < t["total"] and not first:
             return
         t["shown"] = now
         self._line(t, now, status)

@@ -327,7 +327,8 @@ def test_text_progress_prints_dated_lines_with_step_total_and_eta():
     bar = slow.add_task("RL", total=5)
     for _ in range(5):
         slow.update(bar)
-    assert [line.split("  ")[2] for line in quiet.getvalue().splitlines()] == ["5/5"]  # throttled; the end shown
+    # throttled: the first step (the phase has started) and the last
+    assert [line.split("  ")[2] for line in quiet.getvalue().splitlines()] == ["1/5", "5/5"]
 
 
 def test_plot_titles_say_how_each_success_curve_was_sampled(tmp_path):
