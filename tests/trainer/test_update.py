@@ -122,3 +122,58 @@ def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_st
     assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
     assert T.critic_pretrain_phase(T.Run(override(cfg, {"rl.critic_pretrain_steps": 0}), None, policy, None,
                                          pad_id=0, critic=critic)) == {}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_update_step_gradient_does_not_depend_on_the_micro_batch_budget(algo):
+    import copy
+
+    from compactrl.algos.losses import add_loss_normalizers
+    from compactrl.algos.update import optimizer_step
+    from compactrl.collectors.batch import EpisodeMeta, stack_traces
+    from compactrl.policies.critic import ValueModel
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.tokenizer import load_tokenizer
+    from compactrl.types import Trace
+
+    g = torch.Generator().manual_seed(1)
+    episodes = []
+    for e in range(4):
+        traces = []
+        for t in range(1 + e % 2):
+            n = int(torch.randint(8, 30, (1,), generator=g))
+            pm = (torch.rand(n, generator=g) < 0.5).tolist()
+            pm[0] = False
+            ids = torch.randint(3, 4000, (n,), generator=g).tolist()
+            last = max(i for i, p in enumerate(pm) if p) if any(pm) else None
+            rewards = {last: float(e % 2)} if last is not None and t == e % 2 else {}
+            traces.append(Trace(ids, pm, [False] * n, [-1.0 if p else float("nan") for p in pm], rewards,
+                                trace_index=t))
+        episodes.append((EpisodeMeta(e, e // 2, True, False), traces))
+    batch = stack_traces(episodes)
+    batch["advantage"] = torch.randn(batch["tokens"].shape, generator=g) * batch["policy_mask"]
+    batch["value"] = torch.zeros(batch["tokens"].shape)
+    batch["value_target"] = torch.randn(batch["tokens"].shape, generator=g)
+    cfg = override(preset("smoke"), {"rl.algo": algo})
+    grads, critic_grads = [], []
+    for budget in (10_000, 40):
+        policy = TransformersPolicy(tiny_moe("glm4_moe", hidden_size=32, num_layers=1, num_experts=2,
+                                             experts_per_token=1, seed=3), load_tokenizer())
+        critic = ValueModel.from_policy(policy) if algo == "ppo" else None
+        upd = Updater(override(cfg, {"rl.micro_batch_tokens": budget}).rl, policy, critic)
+        opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+        mb = add_loss_normalizers(copy.deepcopy(batch))
+        optimizer_step(mb, upd.loss.actor_loss, opt, policy, name="policy", micro_batch_tokens=budget,
+                       max_grad_norm=1e9)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None]))
+        if critic is not None:
+            optimizer_step(mb, upd.loss.critic_loss, torch.optim.SGD(critic.parameters(), lr=0.0), critic,
+                           name="critic", micro_batch_tokens=budget, max_grad_norm=1e9)
+            critic_grads.append(torch.cat([p.grad.flatten() for p in critic.parameters() if p.grad is not None]))
+    assert len({g.numel() for g in grads}) == 1 and grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    if critic_grads:
+        assert critic_grads[0].abs().sum() > 0
+        torch.testing.assert_close(critic_grads[0], critic_grads[1], rtol=1e-4, atol=1e-6)
