@@ -3,8 +3,8 @@
 One parametrised test over ``iter_fields``: for each leaf field, a probe builds what the trainer
 builds from the config (the env, the policy, the critic, the update step on a fixed trace batch,
 the SFT phase, the rollout collector, the evaluation call, the loop's schedule) and returns what it
-observes; the field's new value must change that observation. ``EXEMPT`` lists the fields that
-no cheap probe can observe, each with the test that does.
+observes; the field's new value must change that observation. ``EXEMPT`` would list fields that
+no cheap probe can observe, each with the test that does (it is empty).
 """
 
 from __future__ import annotations
@@ -22,11 +22,7 @@ from compactrl.algos.config import TrainConfig, iter_fields, override, preset
 
 pytestmark = pytest.mark.timeout(120)
 
-EXEMPT = {
-    # the process-wide thread count is observed (torch.get_num_threads) only by running train()
-    # in a fresh process; setting it here would slow every later test in this one
-    "threads": "set by trainer.setup (torch.set_num_threads); not probed in-process",
-}
+EXEMPT: dict[str, str] = {}  # field -> the test that observes it instead (none needed so far)
 
 # the smoke env rarely compacts: demonstrations whose summaries matter need the main job's env
 MAIN_DEMOS = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
@@ -252,6 +248,15 @@ def probe_eval(cfg: TrainConfig, monkeypatch) -> Any:
     return seen
 
 
+def probe_threads(cfg: TrainConfig) -> Any:
+    before = torch.get_num_threads()
+    try:
+        T.setup(cfg, None, None, 0.0)
+        return torch.get_num_threads()
+    finally:  # the thread count is process-wide: later tests keep theirs
+        torch.set_num_threads(before)
+
+
 def probe_schedule(cfg: TrainConfig) -> Any:
     return T.schedule(cfg)
 
@@ -269,6 +274,7 @@ PROBES = [  # first matching prefix wins
     ("eval.every", probe_schedule), ("eval.initial", probe_schedule), ("eval.", probe_eval),
     ("checkpoint_every", probe_schedule),
     ("seed", probe_rollouts),
+    ("threads", probe_threads),
 ]
 
 
