@@ -123,7 +123,10 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 def arm_config(base, arm: str, seed: int, sft_model: str):
     from compactrl.algos.config import override
 
-    changes = {**ARMS[arm], "seed": seed, "model.pretrained": sft_model, "sft.enabled": False, "eval.initial": False}
+    # PPO arms evaluate at iteration 0 too, after critic pre-training: that row scores the critic the
+    # policy updates start with (its success is the SFT model's and stays out of the curve)
+    changes = {**ARMS[arm], "seed": seed, "model.pretrained": sft_model, "sft.enabled": False,
+               "eval.initial": ARMS[arm].get("rl.algo") == "ppo"}
     if ARMS[arm].get("rl.algo") == "grpo":
         changes["rl.group_size"] = min(4, base.rl.episodes_per_iter)
     return override(base, changes)
@@ -176,6 +179,15 @@ def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
     }
 
 
+def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
+    """``critic/trace_start*`` figures of the last evaluated row (empty when none has them)."""
+    evaluated = [r for r in rows if "eval/critic/trace_start_auc" in r]
+    if not evaluated:
+        return {}
+    row = evaluated[-1] if last else evaluated[0]
+    return {k[len("eval/"):]: v for k, v in row.items() if k.startswith("eval/critic/trace_start")}
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
     from compactrl.algos.config import TrainConfig
@@ -189,11 +201,14 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     rows = RunDir(run_dir).rows()
     record = {
         "regime": spec["regime"], "arm": spec["arm"], "seed": spec["seed"],
-        "curve": [[r["iteration"], r["eval/success_rate"]] for r in rows if "eval/success_rate" in r],
+        "curve": [[r["iteration"], r["eval/success_rate"]] for r in rows
+                  if "eval/success_rate" in r and r["iteration"] > 0],
         "episodes": final_evaluation(cfg, str(run_dir / "final_model"), spec["final_episodes"]),
         "counts": compute_counts(cfg, rows),
-        # the critic's held-out diagnostics at its last evaluation, where the trainer logs them
-        "critic": {k: v for r in rows if "eval/success_rate" in r for k, v in r.items() if k.startswith("critic/trace_start")},
+        # the critic's held-out diagnostics (trainer keys eval/critic/...): at its last evaluation, and
+        # at iteration 0, right after critic pre-training
+        "critic": _critic_row(rows, last=True),
+        "critic_after_pretrain": _critic_row([r for r in rows if r["iteration"] == 0], last=True),
         "wall_clock_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,  # what the cell costs whatever else runs on the machine
     }
@@ -293,6 +308,8 @@ def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -
         "long_chain_pooled_wilson": list(wilson(sum(map(sum, long)), sum(map(len, long)))),
         "traces_per_episode": sum(e[2] for c in cells for e in c["episodes"]) / max(1, n),
         "critic_trace_start_auc": _mean([c.get("critic", {}).get("critic/trace_start_auc") for c in cells]),
+        "critic_trace_start_auc_after_pretrain": _mean(
+            [c.get("critic_after_pretrain", {}).get("critic/trace_start_auc") for c in cells]),
         "counts_per_seed": counts, "cell_wall_clock_s": sum(c["wall_clock_s"] for c in cells) / len(cells),
         "cell_cpu_s": sum(c.get("cpu_s", float("nan")) for c in cells) / len(cells),
     }
@@ -328,6 +345,10 @@ def comparisons(arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"Boundary experiment ({results['budget']} budget): {results['config_summary']}", ""]
     for regime, r in results["regimes"].items():
@@ -336,7 +357,7 @@ def markdown(results: dict[str, Any]) -> str:
                   f"{r['long_chain_tasks']} with >= {r['long_chain_min_traces']} traces under the SFT model.", "",
                   "| arm | seeds | final success (95% CI, seeds) | pooled Wilson | AUC (95% CI) | longest-chain success "
                   "(pooled Wilson) | traces/ep | episodes | critic pre-train episodes | policy steps | critic steps "
-                  "| generated tokens | min/cell (wall, CPU) | critic trace-start AUC |",
+                  "| generated tokens | min/cell (wall, CPU) | critic trace-start AUC (after pre-training, at the end) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for arm, a in r["arms"].items():
             f, u, c = a["final"], a["auc"], a["counts_per_seed"]
@@ -348,7 +369,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{a['long_chain_pooled_wilson'][1]:.3f}] | {a['traces_per_episode']:.2f} | {c['episodes']:.0f} | "
                 f"{c['critic_pretrain_episodes']:.0f} | {c['policy_steps']:.0f} | {c['critic_steps']:.0f} | "
                 f"{c['generated_tokens']:.0f} | {a['cell_wall_clock_s'] / 60:.1f}, {a['cell_cpu_s'] / 60:.1f} | "
-                f"{'-' if a['critic_trace_start_auc'] is None else format(a['critic_trace_start_auc'], '.3f')} |")
+                f"{_fmt(a['critic_trace_start_auc_after_pretrain'])}, {_fmt(a['critic_trace_start_auc'])} |")
         lines += ["", "| paired over seeds (a - b) | final: diff [95% CI], MDE80 | AUC: diff [95% CI], MDE80 | "
                       "longest chain: diff [95% CI], MDE80 |", "|---|---|---|---|"]
         for name, p in r["paired"].items():

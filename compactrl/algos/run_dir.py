@@ -39,7 +39,8 @@ CURVES = (
     ("train/traces_per_episode", "traces per episode"),
     ("train/summary_tokens_per_episode", "summary tokens per episode"),
     ("loss/critic", "value loss"),
-    ("critic/explained_variance", "critic explained variance"),
+    ("critic/explained_variance", "critic explained variance (vs its own lambda-returns)"),
+    ("eval/critic/trace_start_auc", "held-out: AUC of the value at trace starts vs success"),
     ("policy/clip_fraction", "clip fraction"),
     ("policy/approx_kl", "approx. KL(sampling || current)"),
 )

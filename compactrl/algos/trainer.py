@@ -185,9 +185,24 @@ class Run:
             self.eval_bar = _bar(self.progress, "evaluation", sum(due for _, due, _ in schedule(self.cfg)))
         env_fns = make_env_fns(self.cfg.env, split=e.split, count=self.cfg.env.num_envs,
                                budget=e.context_budget or None)
-        agg, _ = evaluate_policy(env_fns, self.eval_policy, episodes=e.episodes, seed=e.seed, pad_id=self.pad_id)
+        critic_row: dict[str, float] = {}
+        agg, _ = evaluate_policy(env_fns, self.eval_policy, episodes=e.episodes, seed=e.seed, pad_id=self.pad_id,
+                                 on_batch=lambda batch: critic_row.update(self.score_critic(batch)))
         _advance(self.progress, self.eval_bar, f"success {agg.get('success_rate', 0.0):.2f}")
-        return {**{f"eval/{k}": v for k, v in agg.items()}, "time/eval_s": time.perf_counter() - t0}
+        return {**{f"eval/{k}": v for k, v in agg.items()}, **critic_row, "time/eval_s": time.perf_counter() - t0}
+
+    def score_critic(self, batch) -> dict[str, float]:
+        """PPO: the critic against the held-out outcomes (``critic/trace_start_auc`` and the rest of
+        :func:`~compactrl.algos.diagnostics.critic_diagnostics`), with the run's advantage call; the
+        calibration plot goes to ``plots/critic_calibration.png``. GRPO has no critic: nothing."""
+        if self.critic is None or self.updater is None:
+            return {}
+        from compactrl.algos.diagnostics import calibration_plot, critic_diagnostics
+
+        batch = trim_padding(batch)
+        self.updater.advantages(batch)
+        calibration_plot(batch, self.run.path / "plots" / "critic_calibration.png")
+        return {f"eval/{k}": v for k, v in critic_diagnostics(batch).items()}
 
     def checkpoint(self, iteration: int) -> None:
         self.run.save_checkpoint({
@@ -251,9 +266,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
             row0.update(sft_phase(r))
             r.policy.save_pretrained(run.sft_model_path)
         start_rollouts(r)  # the critic and the frozen summariser start from the SFT policy
-        if plan[0][1]:
-            row0.update(r.evaluate())
         row0.update(critic_pretrain_phase(r))
+        if plan[0][1]:  # after pre-training, so row 0 scores the critic the policy updates start with
+            row0.update(r.evaluate())
         row0["time/wall_clock_s"] = r.elapsed()
         run.append_row(row0)
         r.checkpoint(0)
@@ -320,11 +335,31 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
         frozen.load_state_dict(r.policy.state_dict() if state is None else state["frozen_summarizer"])
         frozen.requires_grad_(False)
         r.rollout_policy = SummaryRouter(r.policy, frozen)
+    if cfg.rollout.source == "mini_swe_agent":
+        r.collector = agent_collector(cfg, r.policy, pad_id=r.pad_id, run=r.run)
+        return
     r.collector = TraceCollector(
         make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), r.rollout_policy,
         episodes_per_batch=cfg.rl.episodes_per_iter, group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1,
         seed=cfg.seed + 1, pad_id=r.pad_id, give_task_to_policy=False,
     )
+
+
+def agent_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None):
+    """The black-box source (``rollout.source=mini_swe_agent``): mini-swe-agent on the env's tasks
+    through a gateway in front of ``policy``; sessions are recorded under the run's ``sessions/``."""
+    from compactrl.gateway.collector import AgentCollector, AgentEpisodeConfig
+
+    ro, ctx = cfg.rollout, cfg.env.context_budget
+    # as the ContextBudget wrapper: compact when the context leaves no room for a reserve-sized response
+    episode = AgentEpisodeConfig(context_tokens=ctx.budget - ctx.reserve, step_limit=cfg.env.max_turns, max_tokens=ctx.reserve,
+                                 temperature=cfg.model.temperature, config_name=ro.agent_config,
+                                 action_regex=ro.action_regex or None, command_timeout_s=ro.command_timeout_s)
+    return AgentCollector(
+        policy, make_env_fns(cfg.env, split="train", count=1)[0], episode, episodes_per_batch=cfg.rl.episodes_per_iter,
+        group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, concurrency=cfg.env.num_envs,
+        seed=cfg.seed + 1, pad_id=pad_id, record_dir=str(run.path / "sessions") if run is not None else None,
+        threads=cfg.threads)
 
 
 def critic_pretrain_phase(r: Run) -> dict[str, float]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+from tensordict import TensorDict
 
 from compactrl.collectors.trace_collector import EpisodeStats, TraceCollector, summarize_episodes
 from compactrl.wrappers import ContextBudget, ContextBudgetConfig
@@ -40,19 +41,23 @@ def evaluate_policy(
     seed: int,
     pad_id: int = 0,
     give_task_to_policy: bool = False,
+    on_batch: Callable[[TensorDict], None] | None = None,
 ) -> tuple[dict[str, float], list[EpisodeStats]]:
     """Run ``episodes`` episodes of the task-seed stream ``seed``; returns (aggregates, per-episode stats).
 
     The envs are closed afterwards. ``give_task_to_policy``: scripted policies need the task;
-    learned policies must not see it.
+    learned policies must not see it. ``on_batch`` receives the episodes' trace batch (the trainer
+    scores its critic on the held-out traces with it).
     """
     if episodes < 1:
         raise ValueError(f"episodes: expected >= 1, got {episodes}")
     collector = TraceCollector(env_fns, policy, episodes_per_batch=episodes, seed=seed, pad_id=pad_id,
                                give_task_to_policy=give_task_to_policy)
     try:
-        collector.next()
+        batch = collector.next()
         stats = collector.last_episode_stats
+        if on_batch is not None:
+            on_batch(batch)
     finally:
         collector.shutdown()
     return summarize_episodes(stats), stats
