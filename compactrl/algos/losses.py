@@ -269,12 +269,12 @@ def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
         if rl.algo == "grpo":
             grpo_advantage(batch, scale_by_std=rl.grpo.scale_by_std, eps=rl.grpo.eps)
         else:
-            from compactrl.algos.gae import trace_gae
+            from compactrl.algos.tree_gae import tree_gae  # trace_gae's, unless the batch holds trace trees
 
             adaptive = rl.lmbda == "adaptive"
-            trace_gae(batch, gamma=rl.gamma, lmbda=None if adaptive else rl.lmbda,
-                      length_adaptive_alpha=rl.lmbda_alpha if adaptive else None, value_lmbda=rl.value_lmbda,
-                      boundary=rl.boundary, truncation=rl.truncation)
+            tree_gae(batch, gamma=rl.gamma, lmbda=None if adaptive else rl.lmbda,
+                     length_adaptive_alpha=rl.lmbda_alpha if adaptive else None, value_lmbda=rl.value_lmbda,
+                     boundary=rl.boundary, truncation=rl.truncation)
         if rl.whiten_advantages:
             whiten_advantages(batch, mask=loss_mask(batch, train_summaries=rl.loss.train_summaries))
         return batch

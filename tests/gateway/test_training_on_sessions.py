@@ -1,4 +1,5 @@
-"""One PPO update on sessions recorded through the gateway changes the policy, and resumes exactly."""
+"""The trainer's update step (``Updater``) on sessions recorded through the gateway: GAE over the trace
+trees, one PPO update changes the policy, and a restored checkpoint takes the identical next step."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import openai
 import pytest
 import torch
 
-from compactrl.algos.config import CriticPPOConfig
-from compactrl.algos.losses import CriticPPOLoss
+from compactrl.algos.config import RLConfig
+from compactrl.algos.tree_gae import tree_gae
+from compactrl.algos.update import Updater
+from compactrl.gateway.collector import session_batch
 from compactrl.gateway.recording import load_session
-from compactrl.gateway.training import ppo_update, session_batch
 from compactrl.policies.critic import ValueModel
+
+RL = RLConfig(lmbda=1.0, value_lmbda=1.0, epochs=1, minibatches=1, critic_updates=1, lr=1e-3, critic_lr=1e-3,
+              truncation="terminal")
+"""One critic step then one policy step per update, on the whole batch; gamma = lambda = 1."""
 
 
 def _sessions(gateway, n: int = 2):
@@ -36,38 +42,50 @@ def _sessions(gateway, n: int = 2):
 def _learner(policy, state=None):
     actor = copy.deepcopy(policy)
     critic = ValueModel.from_policy(actor, head_bias=0.5)  # a baseline between the outcomes
-    opt = torch.optim.AdamW([*actor.parameters(), *critic.parameters()], lr=1e-3)
+    updater = Updater(RL, actor, critic, seed=0)
     if state is not None:
         actor.load_state_dict(state["actor"])
         critic.load_state_dict(state["critic"])
-        opt.load_state_dict(state["optimizer"])
-    return actor, critic, opt
+        updater.load_state_dict(state["updater"])
+    return actor, critic, updater
 
 
 @pytest.mark.timeout(300)
 def test_one_ppo_update_on_recorded_sessions_changes_the_policy_and_resumes(gateway, policy, tmp_path):
     sessions = _sessions(gateway)
-    actor, critic, opt = _learner(policy)
-    loss = CriticPPOLoss(actor, critic, CriticPPOConfig())
-    batch = session_batch(sessions, critic)
+    actor, critic, updater = _learner(policy)
+    batch = updater.advantages(session_batch(sessions))
     assert batch["parent_trace"].tolist().count(0) == 2  # each session's sub-agent: a child trace
-    adv = batch["advantage"][batch["policy_mask"]]
+    # the update step's advantages are GAE over the trace trees (before whitening)
+    expected = tree_gae(batch.clone(), gamma=1.0, lmbda=1.0, value_lmbda=1.0, truncation="terminal")
+    mask = batch["policy_mask"]
+    assert torch.allclose(batch["value_target"][mask], expected["value_target"][mask], atol=1e-6)
+    raw = expected["advantage"][mask]
+    assert torch.allclose(batch["advantage"][mask], (raw - raw.mean()) / raw.std().clamp(min=1e-8), atol=1e-4)
+    adv = batch["advantage"][mask]
     assert bool((adv > 0).any()) and bool((adv < 0).any())
     with torch.no_grad():
         before, _ = actor.log_prob(batch["tokens"], batch["attention_mask"])
     # the recorded log-probs are the current policy's: the first ratio is 1
-    mask = batch["policy_mask"]
     assert float((before[mask] - batch["sample_log_prob"][mask]).abs().max()) < 1e-4
-    stats = ppo_update(loss, opt, batch)
-    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    stats = updater.update(batch)
+    assert stats["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     with torch.no_grad():
         after, _ = actor.log_prob(batch["tokens"], batch["attention_mask"])
     assert float((after[mask] - before[mask]).abs().max()) > 1e-4
     # resumable: a checkpoint restored into fresh objects takes the same next step
     path = tmp_path / "state.pt"
-    torch.save({"actor": actor.state_dict(), "critic": critic.state_dict(), "optimizer": opt.state_dict()}, path)
-    actor2, critic2, opt2 = _learner(policy, torch.load(path))
-    ppo_update(loss, opt, batch)
-    ppo_update(CriticPPOLoss(actor2, critic2, CriticPPOConfig()), opt2, batch)
-    for (k, a), b in zip(actor.state_dict().items(), actor2.state_dict().values()):
+    torch.save({"actor": actor.state_dict(), "critic": critic.state_dict(), "updater": updater.state_dict()}, path)
+    actor2, critic2, updater2 = _learner(policy, torch.load(path, weights_only=False))
+    updater.update(batch)
+    updater2.update(batch)
+    for (k, a), b in zip([*actor.state_dict().items(), *critic.state_dict().items()],
+                         [*actor2.state_dict().values(), *critic2.state_dict().values()]):
         assert torch.equal(a, b), k
+
+
+def test_unfinished_sessions_are_refused():
+    from compactrl.gateway.recording import Session
+
+    with pytest.raises(ValueError, match="unfinished"):
+        session_batch([Session("open", [], None, {})])
