@@ -143,9 +143,9 @@ class OpenAICompletionsPolicy:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if tokenizer is None:
-            from compactrl.tokenizer import load_tokenizer
+            from compactrl.tokenizer import shared_tokenizer
 
-            tokenizer = load_tokenizer()
+            tokenizer = shared_tokenizer()  # read only here
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"

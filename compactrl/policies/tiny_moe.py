@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from compactrl.tokenizer import ENDOFTEXT_ID, IM_END_ID
+
 ARCHS = ("glm4_moe", "qwen3_moe", "mixtral")
 
 
@@ -51,9 +53,9 @@ class TinyMoEConfig:
     """glm4_moe only: always-on shared experts."""
     tie_word_embeddings: bool = False
     """Share the input embedding with the LM head."""
-    pad_token_id: int = 0
+    pad_token_id: int = ENDOFTEXT_ID
     """Padding id (the project tokenizer's ``<|endoftext|>``)."""
-    eos_token_ids: tuple[int, ...] = (2, 0)
+    eos_token_ids: tuple[int, ...] = (IM_END_ID, ENDOFTEXT_ID)
     """Ids that end generation (``<|im_end|>``, ``<|endoftext|>``), written to the generation config."""
     initializer_range: float = 0.02
     """Std of the random normal init."""
@@ -84,9 +86,9 @@ class TinyMoEConfig:
 
 
 def _project_vocab_size() -> int:
-    from compactrl.tokenizer import load_tokenizer
+    from compactrl.tokenizer import shared_tokenizer
 
-    return len(load_tokenizer())
+    return len(shared_tokenizer())
 
 
 def build_config(cfg: TinyMoEConfig):
