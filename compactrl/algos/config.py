@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import re
 import textwrap
 import typing
 from dataclasses import dataclass, field
@@ -365,6 +366,43 @@ class EvalConfig:
         _check(self.context_budget >= 0, "eval.context_budget", ">= 0", self.context_budget)
 
 
+RolloutSource = Literal["env", "mini_swe_agent"]
+AgentConfigName = Literal["default.yaml", "mini.yaml"]
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Where training episodes come from: the env stepped by the trainer, or a black-box agent."""
+
+    source: RolloutSource = "env"
+    """``env``: the trace collector steps ``env.*`` with the policy. ``mini_swe_agent``: mini-swe-agent
+    (PyPI, unmodified) runs the env's tasks in a real sandbox (``env.backend`` local or docker)
+    through an in-process gateway in front of the policy, ``env.num_envs`` episodes at once, at
+    most ``env.max_turns`` calls each, with responses of at most ``env.context_budget.reserve``
+    tokens, compacting when its context leaves less room than that under
+    ``env.context_budget.budget``; its recorded sessions, rewarded by the task's check, are the
+    batch (docs/gateway.md)."""
+    agent_config: AgentConfigName = "default.yaml"
+    """mini-swe-agent's packaged config: ``default.yaml`` (text actions) or ``mini.yaml`` (``bash`` tool calls)."""
+    action_regex: str = ""
+    """``default.yaml``: the text model's ``action_regex`` ('' keeps mini-swe-agent's fenced-block
+    regex; ``\\A\\s*([^\\n]+)`` makes a response's first line the command, which a tiny model can write)."""
+    command_timeout_s: float = 30.0
+    """Seconds each of the agent's commands may run in the sandbox."""
+
+    def __post_init__(self) -> None:
+        _check(self.source in _choices(RolloutSource), "rollout.source", "|".join(_choices(RolloutSource)),
+               self.source)
+        _check(self.agent_config in _choices(AgentConfigName), "rollout.agent_config",
+               "|".join(_choices(AgentConfigName)), self.agent_config)
+        _check(self.command_timeout_s > 0, "rollout.command_timeout_s", "> 0", self.command_timeout_s)
+        try:
+            re.compile(self.action_regex)
+        except re.error as exc:
+            raise ValueError(f"rollout.action_regex: expected a regular expression, got {self.action_regex!r} "
+                             f"({exc})") from None
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs; the run directory stores it as ``config.json``."""
@@ -379,6 +417,8 @@ class TrainConfig:
     """The RL phase."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Where the training episodes come from (the env, or a black-box agent through the gateway)."""
     seed: int = 0
     """Seed of everything else (torch, numpy, task streams)."""
     threads: int = 2
@@ -389,6 +429,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.threads >= 1, "threads", ">= 1", self.threads)
         _check(self.checkpoint_every >= 1, "checkpoint_every", ">= 1", self.checkpoint_every)
+        if self.rollout.source == "mini_swe_agent":  # the agent's shell commands need a real sandbox
+            _check(self.env.backend != "sim", "env.backend", "local|docker with rollout.source=mini_swe_agent",
+                   self.env.backend)
+            # a black box does not say which response was a summary: none can be routed
+            _check(not self.rl.frozen_summarizer, "rl.frozen_summarizer",
+                   "False with rollout.source=mini_swe_agent", self.rl.frozen_summarizer)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,6 +28,9 @@ EXEMPT: dict[str, str] = {}  # field -> the test that observes it instead (none 
 MAIN_DEMOS = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
               "env.context_budget.tool_output_cap": 192, "sft.demo_episodes": 6, "env.num_envs": 3}
 
+# the black-box source (mini-swe-agent through the gateway) needs a real sandbox backend
+AGENT = {"rollout.source": "mini_swe_agent", "env.backend": "local"}
+
 # field -> (companion changes that make the field matter, new value); others get _changed(default)
 CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "env.env_id": ({"env.difficulty": "easy", "env.tools": ""}, "CompactTerminal-v0"),
@@ -86,6 +89,10 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "eval.initial": ({}, False),
     "eval.every": ({"rl.iterations": 4}, 2),
     "checkpoint_every": ({"rl.iterations": 4}, 3),
+    "rollout.source": ({"env.backend": "local"}, "mini_swe_agent"),
+    "rollout.agent_config": (AGENT, "mini.yaml"),
+    "rollout.action_regex": (AGENT, r"\A\s*([^\n]+)"),
+    "rollout.command_timeout_s": (AGENT, 3.0),
 }
 
 
@@ -227,7 +234,8 @@ def probe_rollouts(cfg: TrainConfig) -> Any:
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)
     c = r.collector
-    out = c.episodes_per_batch, c.group_size, type(r.rollout_policy).__name__, c.state_dict().get("seed")
+    out = (c.episodes_per_batch, c.group_size, type(r.rollout_policy).__name__, c.state_dict().get("seed"),
+           type(c).__name__, getattr(c, "episode", None))  # the black-box source: how its episodes run
     c.shutdown()
     return out, policy.generator.initial_seed()
 
@@ -268,7 +276,7 @@ PROBES = [  # first matching prefix wins
     ("sft.budget", probe_demos), ("sft.", probe_sft),
     ("rl.critic_pretrain_steps", probe_pretrain),
     ("rl.episodes_per_iter", probe_rollouts), ("rl.group_size", probe_rollouts),
-    ("rl.frozen_summarizer", probe_rollouts),
+    ("rl.frozen_summarizer", probe_rollouts), ("rollout.", probe_rollouts),
     ("rl.iterations", probe_schedule),
     ("rl.", probe_update),
     ("eval.every", probe_schedule), ("eval.initial", probe_schedule), ("eval.", probe_eval),
