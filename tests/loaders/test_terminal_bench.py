@@ -31,20 +31,27 @@ def test_folder_becomes_a_task() -> None:
     assert task.instruction.startswith("The directory /app/logs holds one log file per service")
     assert task.time_limit_s == 300.0 and task.check.timeout_s == 60.0
     assert sorted(task.files) == ["logs/api.log", "logs/billing.log", "logs/db.log", "logs/worker.log"]
-    assert sorted(task.check.hidden_files) == [f"{TESTS_DIR}/run-tests.sh", f"{TESTS_DIR}/test_outputs.py"]
+    # run-tests.sh apart from tests/, so a tests/run-tests.sh is not overwritten
+    assert sorted(task.check.hidden_files) == [".tbench_run/run-tests.sh", f"{TESTS_DIR}/test_outputs.py"]
     assert task.check.kind == "pytest" and task.check.must_pass == ()
-    assert task.check.command == f'TEST_DIR="$PWD/{TESTS_DIR}" python3 -m pytest -rA -p no:cacheprovider {TESTS_DIR}'
+    # graded by its own run-tests.sh (it needs no network), read with pytest's -rA parser
+    assert task.check.command == f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; bash .tbench_run/run-tests.sh'
     assert task.metadata["workdir"] == "/app"  # the Dockerfile's WORKDIR
     assert "grep -c ' ERROR '" in task.metadata["solution_sh"]
     assert task.metadata["terminal_bench"]["difficulty"] == "easy"
 
 
 def test_options_and_folder_of_folders() -> None:
-    cfg = TerminalBenchConfig(use_run_tests=True, use_dockerfile_workdir=False, image="tb:latest", python="py3")
-    [task] = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg)
-    assert task.check.command == f'TEST_DIR="$PWD/{TESTS_DIR}" bash {TESTS_DIR}/run-tests.sh'
+    cfg = TerminalBenchConfig(grading="pytest", use_dockerfile_workdir=False, image="tb:latest", python="py3")
+    problems: list[str] = []
+    tasks = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg, problems)
+    task = tasks[0]
+    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; py3 -m pytest -rA'
+                                  f" -p no:cacheprovider {TESTS_DIR}")
     assert "workdir" not in task.metadata and task.docker_image == "tb:latest"
-    assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == ["count-errors"]
+    assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == [
+        "count-errors", "decode-payload", "sum-numbers"]
+    assert len(problems) == 1 and "bad: task file: no task.yaml (1.x) or task.toml (2.x)" in problems[0]
 
 
 def _copy(tmp_path) -> str:
@@ -62,12 +69,12 @@ def test_solution_yaml_is_read(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda d: os.remove(os.path.join(d, "task.yaml")), "no task.yaml"),
-    (lambda d: shutil.rmtree(os.path.join(d, "tests")), "no tests/"),
-    (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: ''\n"), "non-empty string 'instruction'"),
-    (lambda d: open(os.path.join(d, "task.yaml"), "a").write("parser_name: swebench\n"), "parser_name"),
+    (lambda d: os.remove(os.path.join(d, "task.yaml")), "task file: no task.yaml"),
+    (lambda d: shutil.rmtree(os.path.join(d, "tests")), "tests: no tests/"),
+    (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: ''\n"), "instruction: needs a non-empty"),
+    (lambda d: open(os.path.join(d, "task.yaml"), "a").write("parser_name: swebench\n"), "parser_name: 'swebench'"),
     (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: x\nmax_test_timeout_sec: soon\n"),
-     "max_test_timeout_sec must be a number"),
+     "max_test_timeout_sec: must be a number"),
 ])
 def test_bad_folders_raise_clear_errors(tmp_path, edit, message: str) -> None:
     folder = _copy(tmp_path)

@@ -1,24 +1,28 @@
-"""Terminal-Bench task folders -> :class:`~compactrl.envs.task.Task`.
+"""Terminal-Bench task folders (1.x and 2.x) -> :class:`~compactrl.envs.task.Task`.
 
-A folder holds ``task.yaml`` (``instruction``, ``max_agent_timeout_sec``, ``max_test_timeout_sec``,
-``difficulty``, ``category``, ``tags``, ``parser_name``, ``run_tests_in_same_shell`` ...), ``tests/``
-(``test_outputs.py`` and what it needs), ``solution.sh`` or ``solution.yaml``, optionally
-``run-tests.sh``, and the environment (``Dockerfile`` / ``docker-compose.yaml``) with any files it
-copies. Mapping:
+1.x: ``task.yaml``, ``Dockerfile`` (and ``docker-compose.yaml``) with the files it copies,
+``tests/``, optionally ``run-tests.sh``, ``solution.sh`` or ``solution.yaml``. 2.x: ``task.toml``,
+``instruction.md``, ``environment/`` (``Dockerfile`` and its build context), ``tests/`` (``test.sh``
+writes ``/logs/verifier/reward.txt``), ``solution/solve.sh``. docs/task_formats.md lists every field
+and what is honoured. In short:
 
-* ``instruction`` -> ``Task.instruction``; ``max_agent_timeout_sec`` -> ``time_limit_s``;
-  ``max_test_timeout_sec`` -> ``Check.timeout_s``.
-* The folder's other files (not ``task.yaml``, the solution, ``run-tests.sh``, ``tests/``, the
-  Docker files) -> ``Task.files``, at the same relative paths: the common "COPY the task's files
-  into the work dir" layout. The Dockerfile's last ``WORKDIR`` becomes ``metadata["workdir"]``.
-* ``tests/`` (and ``run-tests.sh``) -> hidden files under ``.tbench_tests/``, written only after
-  the agent finishes (as the harness copies tests into the container after the agent run), with
-  ``TEST_DIR`` pointing there. Grading runs ``pytest -rA`` on them in the sandbox, without network;
-  success: pytest exits 0 with at least one passed test. ``use_run_tests=True`` runs the folder's
-  ``run-tests.sh`` instead (most install pytest with ``uv`` from the network, which the sandboxes
-  do not allow).
-* ``solution.sh`` (or ``solution.yaml``'s commands) -> ``metadata["solution_sh"]``: the ``gold``
-  policy runs it.
+* The work dir is the image's: ``[environment].workdir``, the Dockerfile's ``WORKDIR`` (relative
+  ones joined, one inherited from a Terminal-Bench base image), -> ``metadata["workdir"]``.
+* ``COPY``/``ADD`` of build-context files into the work dir -> ``Task.files`` at their destinations
+  (binary files byte-exact: decoded with ``surrogateescape``, written back the same way); files a
+  later ``RUN rm`` removes are left out. What only a built image gives (package installs,
+  downloads, services, copies outside the work dir) -> ``metadata["image_only"]``, one reason each.
+* ``tests/`` -> hidden files under ``.tbench_tests/`` (``run-tests.sh`` under ``.tbench_run/``, so
+  a ``tests/run-tests.sh`` is not overwritten), written only for grading. The absolute ``/tests``
+  and ``/logs/verifier`` in the test scripts become ``$TBENCH_ROOT/.tbench_tests`` and
+  ``$TBENCH_ROOT/.tbench_logs/verifier`` (``TBENCH_ROOT``: the work dir), so they run where the
+  root is read-only.
+* Grading as the harness grades: 1.x runs ``run-tests.sh`` (or, without one, pytest on the tests,
+  the harness's default) and reads pytest's ``-rA`` report; 2.x runs ``tests/test.sh`` and
+  succeeds iff the reward it writes is >= 1. ``grading="auto"`` falls back to pytest on the tests
+  when the script installs packages from the network (the sandboxes have none), saying so in
+  ``metadata["grading_note"]``; ``"script"`` and ``"pytest"`` force one.
+* ``solution.sh`` / ``solution.yaml``'s commands / ``solution/solve.sh`` -> ``metadata["solution_sh"]``.
 """
 
 from __future__ import annotations
@@ -30,21 +34,22 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, read_spec
 from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
 
 TESTS_DIR = ".tbench_tests"
-RESERVED = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "Dockerfile", "docker-compose.yaml",
-            "docker-compose.yml", ".dockerignore"}
-DEFAULT_AGENT_TIMEOUT_S = 360.0
-DEFAULT_TEST_TIMEOUT_S = 60.0
+RUN_DIR = ".tbench_run"
+LOGS_DIR = ".tbench_logs"
+GRADINGS = ("auto", "script", "pytest")
+# A test script that fetches packages cannot run offline (the harness's images have the network).
+_NEEDS_NETWORK = re.compile(r"\b(curl|wget|apt-get|apk add|pip3? install|uv (add|pip|sync|init|venv|tool)|uvx)\b")
+_ABS_TESTS = re.compile(r"(?<![\w./])/tests(?=/|\b)")
+_ABS_LOGS = re.compile(r"(?<![\w./])/logs/verifier(?=/|\b)")
 
-
-class TerminalBenchError(ValueError):
-    """A folder that is not a readable Terminal-Bench task."""
+__all__ = ["GRADINGS", "TESTS_DIR", "TerminalBenchConfig", "TerminalBenchError", "is_task_dir", "load_task_dir",
+           "load_terminal_bench"]
 
 
 @dataclass(frozen=True)
@@ -52,146 +57,147 @@ class TerminalBenchConfig:
     """How task folders become tasks (validated on construction)."""
 
     python: str = "python3"
-    """Interpreter that runs pytest in the sandbox."""
-    use_run_tests: bool = False
-    """Grade with the folder's ``run-tests.sh`` (needs what it installs) instead of pytest directly."""
+    """Interpreter that runs pytest (and reads a 2.x ``reward.json``) in the sandbox."""
+    grading: str = "auto"
+    """``auto``: the task's script (``run-tests.sh`` / ``test.sh``) unless it installs from the network,
+    then pytest on its tests; ``script``: always the script; ``pytest``: always pytest on ``tests/``."""
     image: str | None = None
     """Docker image for every task (Terminal-Bench images are built from each task's Dockerfile)."""
     use_dockerfile_workdir: bool = True
-    """Use the Dockerfile's ``WORKDIR`` (e.g. ``/app``) as the work dir's path in the sandbox."""
+    """Use the image's work dir (e.g. ``/app``) as the work dir's path in the sandbox."""
     max_turns: int = 50
     """Turn limit of each task."""
     max_file_bytes: int = 2_000_000
-    """Task files larger than this (or binary) are left out (listed in ``metadata``)."""
+    """Task files larger than this are left out (listed in ``metadata["skipped_files"]``)."""
 
     def __post_init__(self) -> None:
         if not self.python.strip():
             raise ValueError("TerminalBenchConfig.python: expected an interpreter name or path, got ''")
+        if self.grading not in GRADINGS:
+            raise ValueError(f"TerminalBenchConfig.grading: expected one of {GRADINGS}, got {self.grading!r}")
         for name in ("max_turns", "max_file_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TerminalBenchConfig.{name}: expected >= 1, got {getattr(self, name)!r}")
 
 
 def is_task_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "task.yaml"))
+    return any(os.path.isfile(os.path.join(path, n)) for n in ("task.yaml", "task.toml"))
 
 
-def _read_text(path: str, limit: int) -> str | None:
+def _read(path: str, limit: int) -> str | None:
+    """A file's content; bytes that are not UTF-8 kept as lone surrogates (``surrogateescape``)."""
     if os.path.getsize(path) > limit:
         return None
     with open(path, "rb") as fh:
-        raw = fh.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return None if "\0" in text else text
+        return fh.read().decode("utf-8", errors="surrogateescape")
 
 
-def _walk(root: str, sub: str = "") -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, sub)):
-        dirnames.sort()
-        for name in sorted(filenames):
-            out.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
-    return out
+def _rewrite_paths(text: str) -> str:
+    text = _ABS_LOGS.sub("${TBENCH_ROOT}/" + LOGS_DIR + "/verifier", text)
+    return _ABS_TESTS.sub("${TBENCH_ROOT}/" + TESTS_DIR, text)
 
 
-def _solution(folder: str) -> str | None:
-    sh = os.path.join(folder, "solution.sh")
-    if os.path.isfile(sh):
-        with open(sh, encoding="utf-8") as fh:
-            return fh.read()
-    yml = os.path.join(folder, "solution.yaml")
-    if os.path.isfile(yml):
-        with open(yml, encoding="utf-8") as fh:
-            steps = yaml.safe_load(fh) or []
-        commands = [s.get("command") if isinstance(s, dict) else s for s in steps]
-        return "\n".join(str(c) for c in commands if c) + "\n"
-    return None
+def _hidden(spec: TaskSpec, limit: int) -> dict[str, str]:
+    hidden = {}
+    for rel in spec.test_files:
+        text = _read(os.path.join(spec.folder, "tests", rel), limit)
+        if text is None:
+            raise TerminalBenchError(f"{spec.folder}/tests/{rel}: tests: larger than max_file_bytes")
+        hidden[f"{TESTS_DIR}/{rel}"] = _rewrite_paths(text) if rel.endswith(".sh") else text
+    if spec.run_tests:
+        hidden[f"{RUN_DIR}/run-tests.sh"] = _rewrite_paths(spec.run_tests)
+    return hidden
 
 
-def _workdir(folder: str) -> str | None:
-    path = os.path.join(folder, "Dockerfile")
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        found = re.findall(r"^\s*WORKDIR\s+(\S+)", fh.read(), flags=re.MULTILINE | re.IGNORECASE)
-    return found[-1] if found and found[-1].startswith("/") else None
+def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | None]:
+    """``("script" | "pytest", note)``: how this task is graded and, for a fallback, why."""
+    script = spec.run_tests if spec.version == 1 else spec.test_sh
+    if config.grading == "pytest" or script is None:
+        return "pytest", None if script is None else "pytest forced by grading='pytest'"
+    if config.grading == "auto":
+        needs = _NEEDS_NETWORK.search(script)
+        if needs:
+            name = "run-tests.sh" if spec.version == 1 else "tests/test.sh"
+            return "pytest", f"{name} installs from the network ({needs.group(0)}): pytest run on tests/ instead"
+    return "script", None
 
 
-def _float(spec: dict, key: str, default: float, folder: str) -> float:
-    value = spec.get(key, default)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise TerminalBenchError(f"{folder}: task.yaml {key} must be a number, got {value!r}") from None
-    if value <= 0:
-        raise TerminalBenchError(f"{folder}: task.yaml {key} must be > 0, got {value}")
-    return value
+def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str) -> Check:
+    env = f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}";'
+    if mode == "pytest":
+        command = f"{env} {shlex.quote(config.python)} -m pytest -rA -p no:cacheprovider {TESTS_DIR}"
+        return Check(kind="pytest", command=command, hidden_files=hidden, timeout_s=spec.test_timeout_s)
+    if spec.version == 1:
+        return Check(kind="pytest", command=f"{env} bash {RUN_DIR}/run-tests.sh", hidden_files=hidden,
+                     timeout_s=spec.test_timeout_s)
+    return Check(kind="script", command=_reward_command(env, config.python), hidden_files=hidden,
+                 timeout_s=spec.test_timeout_s)
+
+
+def _reward_command(env: str, python: str) -> str:
+    """2.x: run ``test.sh``, then succeed iff ``reward.txt`` (else ``reward.json``'s ``reward``) >= 1."""
+    logs = f"{LOGS_DIR}/verifier"
+    read_json = (f"{shlex.quote(python)} -c 'import json,sys; d=json.load(open(sys.argv[1]));"
+                 " print(d.get(\"reward\", min(d.values())) if isinstance(d, dict) else d)'")
+    return (f'{env} mkdir -p {logs} && rm -f {logs}/reward.txt {logs}/reward.json;'
+            f" bash {TESTS_DIR}/test.sh; cd \"$TBENCH_ROOT\";"
+            f" R=$(cat {logs}/reward.txt 2>/dev/null);"
+            f' [ -n "$R" ] || R=$({read_json} {logs}/reward.json 2>/dev/null); echo "reward: ${{R:-none}}";'
+            " awk -v r=\"$R\" 'BEGIN { exit !(r != \"\" && r + 0 >= 1) }'")
 
 
 def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Task:
-    """One Terminal-Bench task folder as a Task (see the module docstring)."""
+    """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring)."""
     config = config or TerminalBenchConfig()
-    if not is_task_dir(folder):
-        raise TerminalBenchError(f"{folder}: no task.yaml (not a Terminal-Bench task folder)")
-    with open(os.path.join(folder, "task.yaml"), encoding="utf-8") as fh:
-        spec = yaml.safe_load(fh)
-    if not isinstance(spec, dict) or not isinstance(spec.get("instruction"), str) or not spec["instruction"].strip():
-        raise TerminalBenchError(f"{folder}: task.yaml needs a non-empty string 'instruction'")
-    if spec.get("parser_name", "pytest") != "pytest":
-        raise TerminalBenchError(f"{folder}: parser_name {spec['parser_name']!r} is not supported (only pytest)")
-    test_files = [p for p in _walk(folder, "tests")] if os.path.isdir(os.path.join(folder, "tests")) else []
-    if not test_files:
-        raise TerminalBenchError(f"{folder}: no tests/ folder with the task's tests")
-    files, hidden, skipped = {}, {}, []
-    for rel in _walk(folder):
-        text = _read_text(os.path.join(folder, rel), config.max_file_bytes)
-        top = rel.split("/", 1)[0]
-        if rel in RESERVED and rel != "run-tests.sh":
-            continue
-        if text is None:
-            skipped.append(rel)
-        elif rel.startswith("tests/"):
-            hidden[f"{TESTS_DIR}/{rel[len('tests/'):]}"] = text
-        elif rel == "run-tests.sh":
-            hidden[f"{TESTS_DIR}/run-tests.sh"] = text
-        elif top not in RESERVED:
-            files[rel] = text
-    name = os.path.basename(os.path.abspath(folder))
-    workdir = _workdir(folder) if config.use_dockerfile_workdir else None
-    check = Check(kind="pytest", command=_test_command(config, hidden), must_pass=(), hidden_files=hidden,
-                  timeout_s=_float(spec, "max_test_timeout_sec", DEFAULT_TEST_TIMEOUT_S, folder))
+    spec = read_spec(folder)
+    from compactrl.envs.loaders.tb_files import task_files
+
+    files, skipped, facts = task_files(spec, config.max_file_bytes)
+    hidden = _hidden(spec, config.max_file_bytes)
+    mode, note = _grading(spec, config)
     meta: dict[str, Any] = {
-        "terminal_bench": {k: spec.get(k) for k in ("difficulty", "category", "tags", "author_name",
-                                                    "run_tests_in_same_shell", "parser_name") if k in spec},
-        "solution_sh": _solution(folder),
+        "terminal_bench": {**spec.info, "version": spec.version},
+        "solution_sh": spec.solution,
         "task_dir": os.path.abspath(folder),
         "skipped_files": skipped,
+        "image_only": facts.image_only,
+        "grading": mode,
     }
-    if workdir:
-        meta["workdir"] = workdir
-    return Task(id=name, kind="terminal", instruction=spec["instruction"].strip(), files=files, check=check,
-                max_turns=config.max_turns,
-                time_limit_s=_float(spec, "max_agent_timeout_sec", DEFAULT_AGENT_TIMEOUT_S, folder),
-                docker_image=config.image, source="terminal-bench", metadata=meta)
+    if note:
+        meta["grading_note"] = note
+    if config.use_dockerfile_workdir and facts.workdir:
+        meta["workdir"] = facts.workdir
+    return Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
+                files=files, check=_check(spec, config, hidden, mode), max_turns=config.max_turns,
+                time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
+                source="terminal-bench", metadata=meta)
 
 
-def _test_command(config: TerminalBenchConfig, hidden: dict[str, str]) -> str:
-    env = f'TEST_DIR="$PWD/{TESTS_DIR}"'
-    if config.use_run_tests and f"{TESTS_DIR}/run-tests.sh" in hidden:
-        return f"{env} bash {TESTS_DIR}/run-tests.sh"
-    return f"{env} {shlex.quote(config.python)} -m pytest -rA -p no:cacheprovider {TESTS_DIR}"
+def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None,
+                        problems: list[str] | None = None) -> list[Task]:
+    """A task folder, or a folder of task folders (e.g. Terminal-Bench's ``tasks/``), as Tasks.
 
-
-def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None) -> list[Task]:
-    """A task folder, or a folder of task folders (e.g. Terminal-Bench's ``tasks/``), as Tasks."""
+    In a folder of folders every good task loads; each bad one (and each subfolder without a task
+    file) is one line ``file: field: problem`` logged as a warning and appended to ``problems``.
+    A single task folder that is bad, or a folder with no good task, raises TerminalBenchError.
+    """
     if is_task_dir(path):
         return [load_task_dir(path, config)]
     if not os.path.isdir(path):
         raise TerminalBenchError(f"{path}: not a directory")
-    subdirs = sorted(os.path.join(path, d) for d in os.listdir(path) if is_task_dir(os.path.join(path, d)))
-    if not subdirs:
-        raise TerminalBenchError(f"{path}: no task.yaml in it or in its subfolders")
-    return [load_task_dir(d, config) for d in subdirs]
+    tasks, found = [], []
+    for name in sorted(os.listdir(path)):
+        sub = os.path.join(path, name)
+        if name.startswith(".") or not os.path.isdir(sub):
+            continue
+        try:
+            tasks.append(load_task_dir(sub, config))
+        except TerminalBenchError as exc:
+            found.append(str(exc))
+            log.warning("skipped task: %s", exc)
+    if problems is not None:
+        problems.extend(found)
+    if not tasks:
+        detail = "; ".join(found) if found else "no subfolders"
+        raise TerminalBenchError(f"{path}: no loadable task.yaml/task.toml task in it or its subfolders ({detail})")
+    return tasks

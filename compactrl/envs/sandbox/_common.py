@@ -28,6 +28,15 @@ def work_rel(path: str) -> str:
         raise PermissionError(str(e)) from None
 
 
+def file_bytes(content: str) -> bytes:
+    """A task file's bytes: loaders decode binary files with ``surrogateescape``, so encoding with it
+    gives them back byte-exact; any other lone surrogate is kept as ``surrogatepass`` writes it."""
+    try:
+        return content.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError:
+        return content.encode("utf-8", errors="surrogatepass")
+
+
 # The sim's exception messages: the env shows them to the agent, so every backend uses the same.
 def not_found(path: str) -> FileNotFoundError:
     return FileNotFoundError(f"no such file: {path}")

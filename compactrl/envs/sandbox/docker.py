@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox._common import (
+    file_bytes,
     hidden_files_blocked,
     hidden_restore_plan,
     is_a_directory,
@@ -248,7 +249,7 @@ class DockerSandbox:
         try:
             self._ensure_image()
             self._create(in_image)
-            files = {work_rel(p): c.encode("utf-8", errors="surrogatepass") for p, c in task.files.items()}
+            files = {work_rel(p): file_bytes(c) for p, c in task.files.items()}
             if files:
                 self._put(files)
             res = self._exec_raw(["bash", "--noprofile", "--norc", "-c",
@@ -513,7 +514,7 @@ class DockerSandbox:
             for rel in before:
                 self._check_write(rel)
             if check.hidden_files:
-                self._put({work_rel(p): c.encode("utf-8") for p, c in check.hidden_files.items()})
+                self._put({work_rel(p): file_bytes(c) for p, c in check.hidden_files.items()})
         except OSError as e:  # the agent put something in the way (a directory, a symlink out)
             return hidden_files_blocked(e)
         try:

@@ -36,6 +36,7 @@ from typing import Literal
 
 from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox._common import (
+    file_bytes,
     hidden_files_blocked,
     hidden_restore_plan,
     is_a_directory,
@@ -255,7 +256,7 @@ class LocalSandbox:
         try:
             self._make_session_dir()
             for path, content in task.files.items():
-                self.write_file(path, content)
+                self._files().write_bytes(work_rel(path), file_bytes(content))
             self._launch()
             for command in task.setup:
                 res = self.exec(command, timeout_s=task.check.timeout_s)
@@ -627,7 +628,7 @@ class LocalSandbox:
             for path, content in hidden.items():
                 rel = work_rel(path)
                 written[rel] = before[rel]
-                fs.write_bytes(rel, content.encode("utf-8"))
+                fs.write_bytes(rel, file_bytes(content))
         except OSError:
             self._restore_hidden(written)
             raise

@@ -1,0 +1,155 @@
+"""What a Terminal-Bench task's Dockerfile does, as far as a sandbox without the image can honour it.
+
+:func:`read_dockerfile` walks the last build stage's instructions and returns the image's work dir
+(an explicit ``WORKDIR``, or one inherited from a Terminal-Bench base image), every ``COPY``/``ADD``
+of build-context files with its absolute destination, the paths that ``RUN rm`` removes, and one
+reason per step that only a built image honours (package installs, downloads, services, copies
+from other stages, destinations outside the work dir).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass, field
+
+# Terminal-Bench's base images (``ghcr.io/laude-institute/t-bench/<name>:<date>``) set WORKDIR /app.
+KNOWN_BASE_WORKDIRS = {"ghcr.io/laude-institute/t-bench/": "/app"}
+# Commands a RUN step may hold that need packages, the network or a running service.
+_NEEDS_IMAGE = re.compile(r"\b(apt-get|apt|apk|yum|dnf|pip3?|uv|npm|yarn|cargo|go|gem|curl|wget|git clone|"
+                          r"service|systemctl|conda|make)\b")
+
+
+@dataclass
+class DockerfileFacts:
+    """The honourable effects of one Dockerfile (all paths absolute, in the image)."""
+
+    workdir: str | None = None
+    workdir_source: str = "none"
+    copies: list[tuple[str, str]] = field(default_factory=list)
+    """``(context-relative source path, absolute destination file)``, in build order."""
+    removed: list[str] = field(default_factory=list)
+    """Paths ``RUN rm`` removes; the copies before it that they hit are already dropped."""
+    image_only: list[str] = field(default_factory=list)
+    """Steps only a built image honours, one reason each."""
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """``(KEYWORD, arguments)`` pairs, continuation lines joined, comments dropped."""
+    out, current = [], ""
+    for line in text.splitlines():
+        if not current and line.lstrip().startswith("#"):
+            continue
+        stripped = line.rstrip()
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        current += stripped
+        if current.strip():
+            keyword, _, rest = current.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+        current = ""
+    return out
+
+
+def _last_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    starts = [i for i, (k, _) in enumerate(steps) if k == "FROM"]
+    return steps[starts[-1]:] if starts else steps
+
+
+def _copy_args(rest: str) -> tuple[list[str], str | None]:
+    """Sources and destination of ``COPY``/``ADD``; ``--from`` gives no context sources."""
+    if rest.startswith("["):
+        words = json.loads(rest)
+    else:
+        words = shlex.split(rest)
+    flags = [w for w in words if w.startswith("--")]
+    words = [w for w in words if not w.startswith("--")]
+    if any(f.startswith("--from") for f in flags) or len(words) < 2:
+        return [], None
+    return words[:-1], words[-1]
+
+
+def _expand(context: str, src: str, dest: str, many: bool) -> list[tuple[str, str]]:
+    """Context files a source names, each with its destination (Docker's COPY rules)."""
+    src = posixpath.normpath(src).strip("/") if src not in (".", "./") else ""
+    full = os.path.join(context, src)
+    if os.path.isdir(full):
+        pairs = []
+        for dirpath, dirnames, filenames in os.walk(full):
+            dirnames.sort()
+            for name in sorted(filenames):
+                rel = os.path.relpath(os.path.join(dirpath, name), full).replace(os.sep, "/")
+                pairs.append((posixpath.join(src, rel) if src else rel, posixpath.join(dest, rel)))
+        return pairs
+    matches = sorted(glob.glob(full)) if any(c in src for c in "*?[") else ([full] if os.path.isfile(full) else [])
+    to_dir = many or dest.endswith("/") or len(matches) > 1
+    return [(os.path.relpath(m, context).replace(os.sep, "/"),
+             posixpath.join(dest, os.path.basename(m)) if to_dir else dest) for m in matches]
+
+
+def _rm_paths(command: str, workdir: str) -> list[str]:
+    """Absolute paths of every ``rm`` in a RUN command (split at ``&&``, ``;``, ``||``)."""
+    out = []
+    for part in re.split(r"&&|\|\||;", command):
+        try:
+            words = shlex.split(part)
+        except ValueError:
+            continue
+        if words and words[0] == "rm":
+            out += [posixpath.normpath(posixpath.join(workdir, w)) for w in words[1:] if not w.startswith("-")]
+    return out
+
+
+def read_dockerfile(path: str, context: str) -> DockerfileFacts:
+    """The facts of the Dockerfile at ``path`` whose build context is the folder ``context``."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        steps = _last_stage(_instructions(fh.read()))
+    facts, workdir = DockerfileFacts(), "/"
+    for keyword, rest in steps:
+        if keyword == "FROM":
+            base = rest.split()[0] if rest else ""
+            for prefix, inherited in KNOWN_BASE_WORKDIRS.items():
+                if base.startswith(prefix):
+                    workdir, facts.workdir, facts.workdir_source = inherited, inherited, f"inherited from {base}"
+        elif keyword == "WORKDIR":
+            workdir = posixpath.normpath(posixpath.join(workdir, rest.strip().strip('"')))
+            facts.workdir, facts.workdir_source = workdir, "WORKDIR"
+        elif keyword in ("COPY", "ADD"):
+            _copy(facts, context, rest, workdir, keyword)
+        elif keyword == "RUN":
+            _remove(facts, _rm_paths(rest, workdir))
+            needs = sorted(set(_NEEDS_IMAGE.findall(rest)))
+            if needs:
+                facts.image_only.append(f"RUN {' '.join(needs)} (packages, network or a service): {rest[:80]}")
+    return facts
+
+
+def _remove(facts: DockerfileFacts, paths: list[str]) -> None:
+    """Drop the copies a ``RUN rm`` deletes (the path itself, a glob, or anything under it)."""
+    facts.removed += paths
+    facts.copies = [(src, dest) for src, dest in facts.copies
+                    if not any(dest == p or dest.startswith(p.rstrip("/") + "/") or fnmatch.fnmatchcase(dest, p)
+                               for p in paths)]
+
+
+def _copy(facts: DockerfileFacts, context: str, rest: str, workdir: str, keyword: str) -> None:
+    try:
+        sources, dest = _copy_args(rest)
+    except ValueError:
+        sources, dest = [], None
+    if dest is None:
+        facts.image_only.append(f"{keyword} {rest[:80]} (from another stage or unreadable)")
+        return
+    absolute = posixpath.normpath(posixpath.join(workdir, dest))
+    absolute += "/" if dest.endswith("/") or dest in (".", "./") and absolute != "/" else ""
+    for src in sources:
+        if src.startswith(("http://", "https://")):
+            facts.image_only.append(f"{keyword} {src} (a download)")
+            continue
+        facts.copies += _expand(context, src, absolute, len(sources) > 1)

@@ -1,0 +1,114 @@
+"""Terminal-Bench 1.x and 2.x folders: the image's work dir and files (binary, COPY into a subfolder,
+RUN rm), the per-task reasons only an image honours, grading by the task's own script and reward
+file, one line per bad task; gold succeeds and noop fails through ``compactrl eval``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from loader_helpers import FIXTURES, local_unavailable
+
+from compactrl.cli import main
+from compactrl.envs.loaders.terminal_bench import (
+    TerminalBenchConfig,
+    TerminalBenchError,
+    load_task_dir,
+    load_terminal_bench,
+)
+from compactrl.envs.sandbox._common import file_bytes
+
+pytestmark = pytest.mark.timeout(300)
+TB = os.path.join(FIXTURES, "terminal_bench")
+PAYLOAD, TOML_TASK, BAD = (os.path.join(TB, n) for n in ("decode-payload", "sum-numbers", "bad"))
+
+
+def test_dockerfile_effects_on_the_work_dir() -> None:
+    task = load_task_dir(PAYLOAD)
+    assert task.metadata["workdir"] == "/app"  # inherited from the Terminal-Bench base image
+    # COPY into a subfolder; answer.txt is copied, then removed by RUN rm; tests and solution never copied
+    assert sorted(task.files) == ["notes/readme.txt", "payload/blob.bin"]
+    with open(os.path.join(PAYLOAD, "payload", "blob.bin"), "rb") as fh:
+        raw = fh.read()
+    assert b"\xff" in raw and file_bytes(task.files["payload/blob.bin"]) == raw  # byte-exact
+    assert _roundtrip(task).files == task.files
+    [reason] = task.metadata["image_only"]
+    assert reason.startswith("RUN apt apt-get (packages, network or a service)")
+
+
+def _roundtrip(task):
+    from compactrl.envs.task import Task
+
+    return Task.from_json(task.to_json())
+
+
+def test_toml_task_fields_and_reward_grading() -> None:
+    task = load_task_dir(TOML_TASK)
+    assert task.instruction.startswith("The CSV files under /app/data/batch/")
+    assert (task.time_limit_s, task.check.timeout_s, task.check.kind) == (120.0, 60.0, "script")
+    assert sorted(task.files) == ["data/batch/a.csv", "data/batch/b.csv"] and task.metadata["workdir"] == "/app"
+    assert task.metadata["terminal_bench"] == {"difficulty": "easy", "category": "data-processing", "tags": ["csv"],
+                                               "author_name": "compactrl maintainers",
+                                               "allow_internet": False, "version": 2}
+    assert "tail -q -n +2" in task.metadata["solution_sh"]
+    script = task.check.hidden_files[".tbench_tests/test.sh"]
+    assert "/logs/verifier" not in script.replace("/.tbench_logs/verifier", "")
+    assert "${TBENCH_ROOT}/.tbench_tests/test_outputs.py" in script and "cd /app" in script
+
+
+def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
+    folder = str(tmp_path / "t")
+    shutil.copytree(TOML_TASK, folder)
+    with open(os.path.join(folder, "tests", "test.sh"), "a") as fh:
+        fh.write("curl -LsSf https://astral.sh/uv/install.sh | sh\n")
+    task = load_task_dir(folder)
+    assert task.check.kind == "pytest" and "-m pytest" in task.check.command
+    assert task.metadata["grading_note"].startswith("tests/test.sh installs from the network (curl)")
+    forced = load_task_dir(folder, TerminalBenchConfig(grading="script"))
+    assert forced.check.kind == "script" and "bash .tbench_tests/test.sh" in forced.check.command
+
+
+def test_copy_outside_the_work_dir_is_a_reason(tmp_path) -> None:
+    folder = str(tmp_path / "t")
+    shutil.copytree(TOML_TASK, folder)
+    with open(os.path.join(folder, "environment", "Dockerfile"), "a") as fh:
+        fh.write("COPY data/batch/a.csv /opt/ref/a.csv\n")
+    task = load_task_dir(folder)
+    assert task.metadata["image_only"] == ["COPY to 1 path(s) outside the work dir, e.g. /opt/ref/a.csv"]
+
+
+def test_a_set_loads_good_tasks_and_reports_each_bad_one_in_a_line(tmp_path) -> None:
+    root = str(tmp_path / "set")
+    shutil.copytree(BAD, root)
+    shutil.copytree(TOML_TASK, os.path.join(root, "sum-numbers"))
+    problems: list[str] = []
+    tasks = load_terminal_bench(root, problems=problems)
+    assert [t.id for t in tasks] == ["sum-numbers"]
+    lines = {p.split(": ", 1)[0].replace(root + "/", ""): p.split(": ", 1)[1] for p in problems}
+    assert all("\n" not in p and "Traceback" not in p for p in problems)
+    assert lines["yaml-syntax/task.yaml"].startswith("line 3: YAML syntax error")
+    assert lines["yaml-unknown-key/task.yaml"].startswith("max_agent_timout_sec: unknown key")
+    assert lines["toml-syntax/task.toml"].startswith("syntax: TOML syntax error")
+    assert lines["toml-unknown-key/task.toml"].startswith("verifier.timeout: unknown key")
+    assert lines["no-task-file"].startswith("task file: no task.yaml (1.x) or task.toml (2.x)")
+    assert len(problems) == 5
+    with pytest.raises(TerminalBenchError, match="no loadable task"):
+        load_terminal_bench(BAD)
+
+
+@pytest.mark.parametrize("folder", [PAYLOAD, TOML_TASK], ids=["1.x-binary-rm-script", "2.x-reward"])
+def test_gold_succeeds_and_noop_fails_through_the_cli(folder: str, capsys) -> None:
+    if local_unavailable():
+        pytest.skip(local_unavailable())
+    results = {}
+    for policy in ("gold", "noop"):
+        assert main(["eval", "--tasks", folder, "--backend", "local", "--policy", policy, "--json"]) == 0
+        results[policy] = json.loads(capsys.readouterr().out)["episodes"][0]
+    gold, noop = results["gold"], results["noop"]
+    assert gold["success"] and gold["sandbox_error"] is None, gold
+    assert not noop["success"] and noop["sandbox_error"] is None, noop
+    assert gold["info"]["test_summary"].startswith("Tests: 2 passed, 0 failed"), gold["info"]
+    # the verdict names the failing tests
+    assert "test_outputs.py::test_" in json.dumps(noop["info"]), noop["info"]
