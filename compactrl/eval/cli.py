@@ -64,6 +64,9 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--instance-ids", default=None, help="SWE-bench: comma-separated instance ids to load")
     g.add_argument("--setup", action="append", default=[], help="setup command run before the agent (repeatable)")
     g.add_argument("--image", default=None, help="Terminal-Bench/docker: image for every task")
+    g.add_argument("--tb-grading", default="auto", choices=("auto", "script", "pytest"),
+                   help="Terminal-Bench: grade with the task's run-tests.sh/test.sh (script), pytest on its tests, "
+                        "or the script unless it installs from the network (auto, the default)")
     g.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
     g.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
     g.add_argument("--budget", type=int, default=None,
@@ -160,7 +163,7 @@ def _load_tasks(args: argparse.Namespace):
             swe = SWEBenchConfig(repos_root=args.repos_root, use_images=args.swebench_images,
                                  image_namespace=args.image_namespace or None, python=args.python,
                                  setup=tuple(args.setup))
-        tb = TerminalBenchConfig(python=args.python or "python3", image=args.image)
+        tb = TerminalBenchConfig(python=args.python or "python3", image=args.image, grading=args.tb_grading)
         ids = [i for i in (args.instance_ids or "").split(",") if i] or None
         return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)
     except (ValueError, OSError) as exc:
@@ -187,7 +190,8 @@ def format_table(config: dict[str, Any], summary: dict[str, float], records: lis
     for r in records:
         status = "ok  " if r["success"] else "FAIL"
         error = f"  error={r['sandbox_error']}" if r.get("sandbox_error") else ""
-        lines.append(f"{status} {r['task_id']}  steps={r['steps']}  traces={r['num_traces']}{error}")
+        notes = f"  notes={'; '.join(r['task_notes'])}" if r.get("task_notes") else ""
+        lines.append(f"{status} {r['task_id']}  steps={r['steps']}  traces={r['num_traces']}{error}{notes}")
     rows = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **summary}
     width = max(len(k) for k in rows)
     for key, value in rows.items():

@@ -96,4 +96,8 @@ def _record(position: int, task: Task, stats: EpisodeStats) -> dict[str, Any]:
     record = stats.to_dict()
     # the task's id also when its reset failed; one collector per kind numbers its own episodes
     record.update(episode_id=position, task_id=task.id, source=task.source, kind=task.kind)
+    # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback)
+    notes = [*task.metadata.get("image_only", ()), *filter(None, [task.metadata.get("grading_note")])]
+    if notes:
+        record["task_notes"] = notes
     return record

@@ -112,3 +112,22 @@ def test_gold_succeeds_and_noop_fails_through_the_cli(folder: str, capsys) -> No
     assert gold["info"]["test_summary"].startswith("Tests: 2 passed, 0 failed"), gold["info"]
     # the verdict names the failing tests
     assert "test_outputs.py::test_" in json.dumps(noop["info"]), noop["info"]
+
+
+def test_eval_cli_on_a_set_reports_bad_tasks_notes_and_grading(tmp_path, capsys, caplog) -> None:
+    if local_unavailable():
+        pytest.skip(local_unavailable())
+    root = str(tmp_path / "set")
+    shutil.copytree(BAD, root)
+    shutil.copytree(PAYLOAD, os.path.join(root, "decode-payload"))
+    out = str(tmp_path / "episodes.jsonl")
+    argv = ["eval", "--tasks", root, "--backend", "local", "--policy", "gold", "--tb-grading", "pytest", "--out", out]
+    with caplog.at_level("WARNING", logger="compactrl.envs.loaders.terminal_bench"):
+        assert main(argv) == 0
+    table = capsys.readouterr().out
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped task: ")]
+    assert len(skipped) == 5 and all("\n" not in m for m in skipped)
+    assert table.startswith("ok   decode-payload") and "notes=RUN apt apt-get" in table.splitlines()[0]
+    with open(out) as fh:
+        [record] = [json.loads(line) for line in fh]
+    assert record["success"] and record["task_notes"][0].startswith("RUN apt apt-get")
