@@ -29,10 +29,10 @@ def load_tasks(path: str, *, swebench: Any = None, terminal_bench: Any = None,
     from compactrl.envs.loaders.swebench import load_swebench, read_rows
 
     rows = read_rows(path)
-    if rows and "instance_id" in rows[0] and "test_patch" in rows[0]:
+    if rows and "instance_id" in rows[0]:  # a row missing test_patch is reported by the loader
         if swebench is None:
             raise ValueError(f"{path}: SWE-bench rows need a SWEBenchConfig (repos_root or use_images)")
-        return load_swebench(rows, swebench, instance_ids=instance_ids)
+        return load_swebench(path, swebench, instance_ids=instance_ids)
     if rows and {"id", "kind", "instruction", "files"} <= set(rows[0]):
         return [Task.from_json(json.dumps(r)) for r in rows]
     raise ValueError(f"{path}: expected SWE-bench rows or Task records, got keys {sorted(rows[0]) if rows else []}")

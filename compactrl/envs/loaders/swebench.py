@@ -14,10 +14,13 @@ the official files, plain lists accepted), and optionally ``version``, ``environ
   with ``git apply``, runs the tests, then restores the test files.
 
 The test command runs the files ``test_patch`` touches (SWE-bench's test directives: every
-``diff --git`` target except non-test extensions) with pytest's ``-rA`` report; success means
-every FAIL_TO_PASS and PASS_TO_PASS test passes. Repositories whose harness does not use pytest
-(django's ``runtests.py``, sympy's ``bin/test``) need ``test_command`` and are out of scope of the
-``-rA`` verdict (docs/task_formats.md).
+``diff --git`` target except non-test extensions) with pytest's ``-rA`` report, into a log that the
+task's check grades inside the sandbox exactly as the harness does (:mod:`.swebench_grading`, the
+repository's log parser, written as a hidden file and run by the task's interpreter): resolved iff
+every FAIL_TO_PASS test passes and no PASS_TO_PASS test fails; the output ends with the missing and
+failing required ids. Per-repository settings (interpreter, setup, test command, log parser, files
+an install step generates) come from ``specs`` and from a row's own fields (:func:`row_spec`).
+Rows are validated strictly: every error names the file and line, the instance and the field.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from compactrl.envs.loaders import swebench_grading as grading
 from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,10 @@ NON_TEST_EXTS = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl",
 IMAGE_PYTHON = "/opt/miniconda3/envs/testbed/bin/python"
 """The interpreter of the ``testbed`` conda env in SWE-bench's instance images."""
 TEST_PATCH_FILE = ".compactrl_test.patch"
+GRADER_FILE = ".compactrl_grade.py"
+"""The grading script (:mod:`.swebench_grading`'s source), a hidden file of every SWE-bench task."""
+GRADE_SPEC = ".compactrl_grade.json"
+GRADE_LOG = ".compactrl_test.log"
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch")
 
 
@@ -83,6 +91,9 @@ class SWEBenchConfig:
     """Wall-clock limit of an episode."""
     test_timeout_s: float = 900.0
     """Limit of one test run."""
+    specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per-repository settings (:func:`load_specs`): ``owner/name``, ``owner/name@version`` or an
+    ``instance_id`` -> ``python``, ``setup``, ``test_command``, ``log_parser``, ``generated_files``."""
 
     def __post_init__(self) -> None:
         if not self.use_images and self.repos_root is None and not self.repo_paths:
@@ -97,6 +108,8 @@ class SWEBenchConfig:
                 raise ValueError(f"SWEBenchConfig.{name}: expected > 0, got {getattr(self, name)!r}")
         if self.test_command is not None and "{test_files}" not in self.test_command:
             raise ValueError(f"SWEBenchConfig.test_command: expected a template with {{test_files}}, got {self.test_command!r}")
+        for key, spec in self.specs.items():
+            _validate_spec(f"SWEBenchConfig.specs[{key!r}].", spec)
 
 
 def image_name(instance_id: str, namespace: str | None = "swebench", tag: str = "latest", arch: str = "x86_64") -> str:
@@ -121,32 +134,51 @@ def get_test_directives(test_patch: str) -> list[str]:
     return [p for p in patch_targets(test_patch) if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
 
 
-def _test_list(row: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    value = row.get(key, [])
+def _test_list(row: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    if key not in row:
+        raise SWEBenchError(f"{where}: {key}: missing (a JSON list of test ids)")
+    value = row[key]
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise SWEBenchError(f"{row.get('instance_id')}: {key} is not a JSON list: {exc}") from None
+            raise SWEBenchError(f"{where}: {key}: not a JSON list: {exc}") from None
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-        raise SWEBenchError(f"{row.get('instance_id')}: {key} must be a list of test ids, got {type(value).__name__}")
+        raise SWEBenchError(f"{where}: {key}: must be a list of test ids, got {type(value).__name__}")
     return tuple(value)
+
+
+def read_located_rows(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(where, row)`` of a ``.json`` (a list, or one object) or ``.jsonl`` file; ``where`` is
+    ``path:line`` (the row's first line), so every later error names the row's place."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    stripped = text.lstrip()
+    if stripped.startswith("[") or (stripped.startswith("{") and path.endswith(".json")):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SWEBenchError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+        rows = value if isinstance(value, list) else [value]
+        located = [(f"{path}: row {i}", r) for i, r in enumerate(rows)]
+    else:
+        located = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                located.append((f"{path}:{number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise SWEBenchError(f"{path}:{number}: not valid JSON: {exc.msg} (column {exc.colno})") from None
+    for where, row in located:
+        if not isinstance(row, dict):
+            raise SWEBenchError(f"{where}: expected a JSON object (a SWE-bench row), got {type(row).__name__}")
+    return located
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
     """Rows of a ``.json`` (a list, or one object) or ``.jsonl`` file."""
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        rows = json.loads(text)
-    elif stripped.startswith("{") and path.endswith(".json"):
-        rows = [json.loads(text)]
-    else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    if not all(isinstance(r, dict) for r in rows):
-        raise SWEBenchError(f"{path}: expected JSON objects (SWE-bench rows)")
-    return rows
+    return [row for _, row in read_located_rows(path)]
 
 
 # ===================================================================== repository access
@@ -172,6 +204,22 @@ def checkout_path(repo: str, config: SWEBenchConfig) -> str:
     return path
 
 
+def is_commit(repo_path: str, commit: str) -> bool:
+    """Whether ``commit`` names a commit of the checkout (``git cat-file -e <commit>^{commit}``)."""
+    res = subprocess.run(["git", "-C", repo_path, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True, timeout=60)
+    return res.returncode == 0
+
+
+def _text(raw: bytes, size_ok: bool) -> str | None:
+    if not size_ok:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\0" in text else text
+
+
 def files_at(repo_path: str, commit: str, max_bytes: int) -> tuple[dict[str, str], list[str]]:
     """Text files of ``commit`` (``git archive``); also the paths left out (binary, too big, links)."""
     data = _git(repo_path, "archive", "--format=tar", commit)
@@ -180,24 +228,38 @@ def files_at(repo_path: str, commit: str, max_bytes: int) -> tuple[dict[str, str
         for member in tar:
             if member.isdir():
                 continue
-            if not member.isfile() or member.size > max_bytes:
+            ok = member.isfile() and member.size <= max_bytes
+            text = _text(tar.extractfile(member).read(), ok) if ok else None  # type: ignore[union-attr]
+            if text is None:
                 skipped.append(member.name)
-                continue
-            raw = tar.extractfile(member).read()  # type: ignore[union-attr]
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                skipped.append(member.name)
-                continue
-            if "\0" in text:
-                skipped.append(member.name)
-                continue
-            files[member.name] = text
+            else:
+                files[member.name] = text
     return files, skipped
 
 
-def apply_patch(files: Mapping[str, str], diff: str) -> dict[str, str | None]:
-    """Contents after ``git apply`` of ``diff`` for every path it touches (None: deleted)."""
+def generated_files(repo_path: str, commit: str, patterns: Iterable[str], max_bytes: int) -> dict[str, str]:
+    """Untracked files of the checkout's work tree matching ``patterns`` (globs such as
+    ``astropy/_version.py``): what an install step generated, which ``git archive`` leaves out.
+    The work tree must be at ``commit``, or the files could belong to another version."""
+    head = _git(repo_path, "rev-parse", "HEAD").decode().strip()
+    if head != _git(repo_path, "rev-parse", f"{commit}^{{commit}}").decode().strip():
+        raise SWEBenchError(f"the checkout {repo_path} is at {head[:12]}, not at base_commit {commit[:12]}; "
+                            "generated files are taken from a work tree checked out (and installed) at base_commit")
+    listed = _git(repo_path, "ls-files", "-z", "--others", "--exclude-standard", "--ignored", "--", *patterns)
+    listed += _git(repo_path, "ls-files", "-z", "--others", "--exclude-standard", "--", *patterns)
+    out: dict[str, str] = {}
+    for rel in sorted({p for p in listed.decode().split("\0") if p}):
+        full = os.path.join(repo_path, rel)
+        with open(full, "rb") as fh:
+            text = _text(fh.read(), os.path.getsize(full) <= max_bytes)
+        if text is not None:
+            out[rel] = text
+    return out
+
+
+def apply_patch(files: Mapping[str, str], diff: str, name: str = "the patch") -> dict[str, str | None]:
+    """Contents after ``git apply`` of ``diff`` for every path it touches (None: deleted); ``name``
+    (e.g. ``"test_patch"``) names the patch in the error when it does not apply."""
     targets = patch_targets(diff)
     with tempfile.TemporaryDirectory(prefix="compactrl-patch-") as tmp:
         for path in re.findall(r"^diff --git a/(.*) b/", diff, flags=re.MULTILINE):
@@ -209,7 +271,7 @@ def apply_patch(files: Mapping[str, str], diff: str) -> dict[str, str | None]:
         res = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=tmp, input=diff.encode(),
                              capture_output=True, timeout=120)
         if res.returncode != 0:
-            raise SWEBenchError(f"the patch does not apply: {res.stderr.decode(errors='replace').strip()[:500]}")
+            raise SWEBenchError(f"{name} does not apply: {res.stderr.decode(errors='replace').strip()[:500]}")
         out: dict[str, str | None] = {}
         for path in targets:
             full = os.path.join(tmp, path)
@@ -227,55 +289,168 @@ def _instruction(row: Mapping[str, Any]) -> str:
             "source code. Hidden tests check the fix; do not modify the existing tests.")
 
 
-def _test_command(config: SWEBenchConfig, python: str, tests: list[str]) -> str:
-    template = config.test_command or "{python} -m pytest -rA -p no:cacheprovider {test_files}"
+SPEC_KEYS = ("python", "setup", "test_command", "log_parser", "generated_files")
+"""What a spec (per repository, ``repo@version`` or instance, or a row's own fields) may set."""
+
+
+def load_specs(path: str) -> dict[str, dict[str, Any]]:
+    """A specs file (JSON, or YAML when the name ends ``.yaml``/``.yml``): ``{key: {field: value}}``
+    with keys ``owner/name``, ``owner/name@version`` or an ``instance_id``, fields :data:`SPEC_KEYS`."""
+    with open(path, encoding="utf-8") as fh:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            value = yaml.safe_load(fh)
+        else:
+            value = json.load(fh)
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"{path}: expected a mapping of repository/instance keys to mappings of {list(SPEC_KEYS)}")
+    return value
+
+
+def _validate_spec(prefix: str, spec: Mapping[str, Any]) -> None:
+    """ValueError ``{prefix}{field}: ...`` for a bad field (``prefix``: ``"specs['r']."`` or ``"file:3: id: "``)."""
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise ValueError(f"{prefix.rstrip('.: ')}: unknown field(s) {unknown}; expected some of {list(SPEC_KEYS)}")
+    for key in ("setup", "generated_files"):
+        value = spec.get(key, ())
+        if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{prefix}{key}: expected a list of strings, got {value!r}")
+    for key in ("python", "test_command", "log_parser"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            raise ValueError(f"{prefix}{key}: expected a string, got {spec[key]!r}")
+    if spec.get("test_command") and "{test_files}" not in spec["test_command"]:
+        raise ValueError(f"{prefix}test_command: expected a template with {{test_files}}, got {spec['test_command']!r}")
+    if spec.get("log_parser"):
+        try:
+            grading.parser_name("", spec["log_parser"])
+        except ValueError as exc:
+            raise ValueError(f"{prefix}{exc}") from None
+
+
+def row_spec(row: Mapping[str, Any], config: SWEBenchConfig) -> dict[str, Any]:
+    """The row's settings: the config's, then ``specs[repo]``, ``specs[repo@version]``,
+    ``specs[instance_id]``, then the row's own fields (each later one wins; ``setup`` adds up)."""
+    repo = row["repo"]
+    merged: dict[str, Any] = {"python": config.python, "test_command": config.test_command, "log_parser": None,
+                              "setup": list(config.setup) + list(config.setup_by_repo.get(repo, ())),
+                              "generated_files": []}
+    own = {k: row[k] for k in SPEC_KEYS if row.get(k) is not None}
+    layers = [config.specs.get(repo), config.specs.get(f"{repo}@{row.get('version')}"),
+              config.specs.get(row["instance_id"]), own]
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            merged[key] = merged[key] + list(value) if key == "setup" else value
+    return merged
+
+
+def _test_command(template: str | None, python: str, tests: list[str]) -> str:
+    template = template or "{python} -m pytest -rA -p no:cacheprovider {test_files}"
     return template.format(python=python, test_files=" ".join(shlex.quote(t) for t in tests))
 
 
-def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig) -> Task:
-    """One SWE-bench row as a Task (see the module docstring); raises :class:`SWEBenchError`."""
-    missing = [k for k in REQUIRED if not isinstance(row.get(k), str) or not row.get(k)]
-    if missing:
-        raise SWEBenchError(f"{row.get('instance_id', '<no instance_id>')}: missing or empty field(s) {missing}")
+def _graded_command(python: str, test_command: str) -> str:
+    """Probe the interpreter (a verdict that says why when it cannot start), run the tests into a
+    log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log."""
+    q = shlex.quote(python)
+    probe = (f"if ! {q} -c 'import sys' ; then echo 'compactrl: the test interpreter {python} cannot start in the "
+             "sandbox (the sandbox must see its prefix and shared libraries: --python also sets the local "
+             "sandbox interpreter)'; exit 3; fi")
+    return (f"{probe}; ( {test_command} ) > {GRADE_LOG} 2>&1; {q} {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
+            f"__rc=$?; rm -f {GRADE_LOG}; exit $__rc")
+
+
+def _grading_files(row: Mapping[str, Any], spec: Mapping[str, Any], f2p: tuple[str, ...],
+                   p2p: tuple[str, ...]) -> dict[str, str]:
+    payload = {"repo": row["repo"], "log_parser": spec["log_parser"], "FAIL_TO_PASS": list(f2p),
+               "PASS_TO_PASS": list(p2p)}
+    with open(grading.__file__, encoding="utf-8") as fh:
+        source = fh.read()
+    return {GRADER_FILE: source, GRADE_SPEC: json.dumps(payload)}
+
+
+def _row_fields(row: Mapping[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Validate the row's required fields; its FAIL_TO_PASS and PASS_TO_PASS."""
+    for key in REQUIRED:
+        if not isinstance(row.get(key), str) or not row.get(key):
+            raise SWEBenchError(f"{where}: {key}: missing or empty")
+    f2p, p2p = _test_list(row, "FAIL_TO_PASS", where), _test_list(row, "PASS_TO_PASS", where)
+    if not f2p:
+        raise SWEBenchError(f"{where}: FAIL_TO_PASS: empty (a row must name the tests its fix makes pass; "
+                            "without them doing nothing would succeed)")
+    try:
+        _validate_spec(f"{where}: ", {k: row[k] for k in SPEC_KEYS if row.get(k) is not None})
+    except ValueError as exc:
+        raise SWEBenchError(str(exc)) from None
+    return f2p, p2p
+
+
+def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | None = None) -> Task:
+    """One SWE-bench row as a Task (see the module docstring); raises :class:`SWEBenchError` naming
+    ``where`` (``file:line``), the instance and the field."""
+    where = f"{where + ': ' if where else ''}{row.get('instance_id') or '<no instance_id>'}"
+    f2p, p2p = _row_fields(row, where)
     iid, repo, base = row["instance_id"], row["repo"], row["base_commit"]
-    f2p, p2p = _test_list(row, "FAIL_TO_PASS"), _test_list(row, "PASS_TO_PASS")
     tests = get_test_directives(row["test_patch"])
     if not tests:
-        raise SWEBenchError(f"{iid}: test_patch touches no test file")
-    setup = tuple(config.setup) + tuple(config.setup_by_repo.get(repo, ()))
+        raise SWEBenchError(f"{where}: test_patch: touches no test file")
+    spec = row_spec(row, config)
     meta: dict[str, Any] = {
         "instance_id": iid, "repo": repo, "base_commit": base, "gold_patch": row["patch"],
         "test_patch": row["test_patch"], "FAIL_TO_PASS": list(f2p), "PASS_TO_PASS": list(p2p),
-        "test_files": tests, "version": row.get("version"),
+        "test_files": tests, "version": row.get("version"), "log_parser": grading.parser_name(repo, spec["log_parser"]),
         "environment_setup_commit": row.get("environment_setup_commit"),
     }
+    hidden = _grading_files(row, spec, f2p, p2p)
     if config.use_images:
-        python = config.python or IMAGE_PYTHON
+        python = spec["python"] or IMAGE_PYTHON
         files: dict[str, str] = {}
-        check = Check(kind="pytest", command=_image_check_command(row, config, python, tests), must_pass=f2p + p2p,
-                      hidden_files={TEST_PATCH_FILE: row["test_patch"]}, timeout_s=config.test_timeout_s)
+        command = _image_check_command(row, _graded_command(python, _test_command(spec["test_command"], python, tests)))
+        hidden[TEST_PATCH_FILE] = row["test_patch"]
         meta["workdir"] = "/testbed"
         image = image_name(iid, config.image_namespace, config.image_tag, config.arch)
     else:
-        python = config.python or "python"
-        repo_path = checkout_path(repo, config)
-        files, skipped = files_at(repo_path, base, config.max_file_bytes)
-        patched = apply_patch(files, row["test_patch"])
-        deleted = [p for p, c in patched.items() if c is None]
-        if deleted:
-            log.warning("%s: test_patch deletes %s; deletions are not applied before grading", iid, deleted)
-        hidden = {p: c for p, c in patched.items() if c is not None}
-        check = Check(kind="pytest", command=_test_command(config, python, tests), must_pass=f2p + p2p,
-                      hidden_files=hidden, timeout_s=config.test_timeout_s)
-        meta.update(repo_path=os.path.abspath(repo_path), skipped_files=skipped)
+        python = spec["python"] or "python"
+        files, skipped, test_files = _local_files(row, config, spec, where)
+        hidden.update(test_files)
+        command = _graded_command(python, _test_command(spec["test_command"], python, tests))
+        meta.update(repo_path=os.path.abspath(checkout_path(repo, config)), skipped_files=skipped)
         image = None
-    return Task(id=iid, kind="code", instruction=_instruction(row), files=files, check=check, setup=setup,
+    meta["python"] = python
+    check = Check(kind="script", command=command, must_pass=f2p + p2p, hidden_files=hidden, timeout_s=config.test_timeout_s)
+    return Task(id=iid, kind="code", instruction=_instruction(row), files=files, check=check, setup=tuple(spec["setup"]),
                 max_turns=config.max_turns, time_limit_s=config.time_limit_s, docker_image=image,
                 source="swebench", metadata=meta)
 
 
-def _image_check_command(row: Mapping[str, Any], config: SWEBenchConfig, python: str, tests: list[str]) -> str:
-    """Reset the test files to ``base_commit``, apply the hidden test patch, run, restore."""
+def _local_files(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[str, Any],
+                 where: str) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """(files at base_commit plus generated ones, the paths left out, the post-test_patch test
+    files). Errors name ``where`` and the field at fault."""
+    try:
+        repo_path = checkout_path(row["repo"], config)
+    except SWEBenchError as exc:
+        raise SWEBenchError(f"{where}: repo: {exc}") from None
+    if not is_commit(repo_path, row["base_commit"]):
+        raise SWEBenchError(f"{where}: base_commit: {row['base_commit']} is not a commit of {repo_path} "
+                            "(fetch the repository's full history)")
+    files, skipped = files_at(repo_path, row["base_commit"], config.max_file_bytes)
+    try:
+        if spec["generated_files"]:
+            files.update(generated_files(repo_path, row["base_commit"], spec["generated_files"], config.max_file_bytes))
+        apply_patch(files, row["patch"], "patch (the gold fix)")
+        patched = apply_patch(files, row["test_patch"], "test_patch")
+    except SWEBenchError as exc:
+        raise SWEBenchError(f"{where}: {exc}") from None
+    deleted = [p for p, c in patched.items() if c is None]
+    if deleted:
+        log.warning("%s: test_patch deletes %s; deletions are not applied before grading", where, deleted)
+    return files, skipped, {p: c for p, c in patched.items() if c is not None}
+
+
+def _image_check_command(row: Mapping[str, Any], graded: str) -> str:
+    """Reset the test files to ``base_commit``, apply the hidden test patch, run and grade, restore."""
     touched = patch_targets(row["test_patch"])
     new = re.findall(r"^diff --git a/.* b/(.*)\nnew file mode", row["test_patch"], flags=re.MULTILINE)
     modified = [p for p in touched if p not in new]
@@ -283,16 +458,19 @@ def _image_check_command(row: Mapping[str, Any], config: SWEBenchConfig, python:
     n = " ".join(shlex.quote(p) for p in new)
     reset = (f"git checkout -q {row['base_commit']} -- {q} 2>/dev/null; " if modified else "") + (
         f"rm -f {n}; " if new else "")
-    return (f"{reset}git apply --whitespace=nowarn {TEST_PATCH_FILE} && {_test_command(config, python, tests)}; "
-            f"__rc=$?; {reset}exit $__rc")
+    return (f"{reset}if git apply --whitespace=nowarn {TEST_PATCH_FILE}; then ( {graded} ); __rc=$?; "
+            f"else echo 'compactrl: the hidden test_patch does not apply'; __rc=4; fi; {reset}exit $__rc")
 
 
 def load_swebench(source: str | Iterable[Mapping[str, Any]], config: SWEBenchConfig, *,
                   instance_ids: Iterable[str] | None = None) -> list[Task]:
     """Tasks from a SWE-bench ``.json``/``.jsonl`` file (or rows), optionally only ``instance_ids``."""
-    rows = read_rows(source) if isinstance(source, str) else [dict(r) for r in source]
+    if isinstance(source, str):
+        located = read_located_rows(source)
+    else:
+        located = [(f"row {i}", dict(r)) for i, r in enumerate(source)]
     wanted = set(instance_ids) if instance_ids is not None else None
-    tasks = [row_to_task(r, config) for r in rows if wanted is None or r.get("instance_id") in wanted]
+    tasks = [row_to_task(r, config, where) for where, r in located if wanted is None or r.get("instance_id") in wanted]
     if wanted is not None and len(tasks) != len(wanted):
         found = {t.id for t in tasks}
         raise SWEBenchError(f"instance ids not in {source if isinstance(source, str) else 'the rows'}: "
