@@ -340,6 +340,24 @@ class RLConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Rollouts on Ray (docs/distributed.md); 0 workers keeps the single-process collector."""
+
+    num_rollout_workers: int = 0
+    """Rollout worker actors (0: the trainer's process steps the envs itself). Needs a Ray: ``compactrl
+    train --ray`` starts a local one, ``--ray-address`` joins a cluster."""
+    envs_per_worker: int = 2
+    """Envs (and sandboxes) each worker steps in lock-step, with one batched generation per round."""
+    start_timeout_s: float = 120.0
+    """Seconds a rollout worker may take to start (or restart after dying) before the run stops with an error."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_rollout_workers >= 0, "distributed.num_rollout_workers", ">= 0", self.num_rollout_workers)
+        _check(self.envs_per_worker >= 1, "distributed.envs_per_worker", ">= 1", self.envs_per_worker)
+        _check(self.start_timeout_s > 0, "distributed.start_timeout_s", "> 0", self.start_timeout_s)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
@@ -425,6 +443,8 @@ class TrainConfig:
     """``torch.set_num_threads``."""
     checkpoint_every: int = 1
     """Write a checkpoint every this many iterations (1 = a kill loses no completed iteration)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Rollout workers on Ray (none by default)."""
 
     def __post_init__(self) -> None:
         _check(self.threads >= 1, "threads", ">= 1", self.threads)

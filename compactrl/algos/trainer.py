@@ -338,11 +338,42 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
     if cfg.rollout.source == "mini_swe_agent":
         r.collector = agent_collector(cfg, r.policy, pad_id=r.pad_id, run=r.run)
         return
+    if cfg.distributed.num_rollout_workers:
+        r.collector = ray_collector(cfg, r.policy, pad_id=r.pad_id)
+        return
     r.collector = TraceCollector(
         make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), r.rollout_policy,
         episodes_per_batch=cfg.rl.episodes_per_iter, group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1,
         seed=cfg.seed + 1, pad_id=r.pad_id, give_task_to_policy=False,
     )
+
+
+def ray_collector(cfg: TrainConfig, policy, *, pad_id: int):
+    """Rollout workers on Ray (``distributed.*``), each building the policy from ``cfg`` and starting
+    from ``policy``'s weights; the trainer's ``update_policy_weights_`` publishes each update."""
+    import functools
+
+    from compactrl.distributed import RayCollector
+
+    # routing summaries to a frozen copy would need a second model in every worker
+    if cfg.rl.frozen_summarizer:
+        raise ValueError("rl.frozen_summarizer: expected False with distributed.num_rollout_workers > 0, got True")
+    d = cfg.distributed
+    return RayCollector(
+        make_env_fns(cfg.env, split="train", count=d.envs_per_worker), functools.partial(worker_policy, cfg.to_json()),
+        num_workers=d.num_rollout_workers, episodes_per_batch=cfg.rl.episodes_per_iter,
+        group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, seed=cfg.seed + 1, pad_id=pad_id,
+        give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s)
+
+
+def worker_policy(cfg_json: str, index: int):
+    """A rollout worker's sampling policy: the trained architecture, its own random stream per worker."""
+    from compactrl.tokenizer import shared_tokenizer
+
+    cfg = TrainConfig.from_dict(json.loads(cfg_json))
+    policy, _ = build_policy(cfg, shared_tokenizer())
+    policy.generator.manual_seed(cfg.seed + 7919 * (index + 1))
+    return policy
 
 
 def agent_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None):

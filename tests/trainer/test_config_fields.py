@@ -93,6 +93,8 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rollout.agent_config": (AGENT, "mini.yaml"),
     "rollout.action_regex": (AGENT, r"\A\s*([^\n]+)"),
     "rollout.command_timeout_s": (AGENT, 3.0),
+    "distributed.envs_per_worker": ({"distributed.num_rollout_workers": 1}, 3),
+    "distributed.start_timeout_s": ({"distributed.num_rollout_workers": 1}, 5.0),
 }
 
 
@@ -240,10 +242,20 @@ def probe_rollouts(cfg: TrainConfig) -> Any:
     return out, policy.generator.initial_seed()
 
 
+def probe_distributed(cfg: TrainConfig) -> Any:
+    policy, _ = _policy(cfg)
+    r = T.Run(cfg, None, policy, None, pad_id=0)
+    T.start_rollouts(r)  # the Ray collector starts its workers at the first batch: no Ray needed here
+    c = r.collector
+    out = type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())), getattr(c, "start_timeout_s", None)
+    c.shutdown()
+    return out
+
+
 def probe_eval(cfg: TrainConfig, monkeypatch) -> Any:
     seen = {}
 
-    def fake_evaluate_policy(env_fns, policy, *, episodes, seed, pad_id):
+    def fake_evaluate_policy(env_fns, policy, *, episodes, seed, pad_id, on_batch=None):
         env = env_fns[0]()
         seen.update(n=len(env_fns), episodes=episodes, seed=seed, temperature=policy.sampling.temperature,
                     budget=env.get_wrapper_attr("config").budget, split=env.unwrapped.split)
@@ -283,6 +295,7 @@ PROBES = [  # first matching prefix wins
     ("checkpoint_every", probe_schedule),
     ("seed", probe_rollouts),
     ("threads", probe_threads),
+    ("distributed.", probe_distributed),
 ]
 
 

@@ -1,0 +1,317 @@
+"""Trace collection on Ray: rollout workers as actors, behind :class:`TraceCollector`'s API.
+
+Each rollout worker is a Ray actor that owns ``envs_per_worker`` environments (any backend: their
+sandboxes live on the worker's node) and a policy of its own, built there by ``policy_fn(index)``
+(generation in the worker: CPU, small models). It steps its envs in lock-step rounds with a
+:class:`TraceCollector` of its own, exactly as the single-process collector does.
+
+Task seeds: the driver draws the batch's plan (group ids and task seeds) from the same seeded stream
+as :class:`TraceCollector` (same ``seed`` -> same seeds, groups and episode ids), then hands whole
+groups to workers round-robin: group ``g`` of a batch runs on worker ``g mod num_workers``. A GRPO
+group is therefore never split, and an episode does not depend on which worker ran it: for a
+policy that is a function of its context (scripted, greedy decoding) the batch equals the
+single-process one row for row. Sampled episodes match in distribution only: each worker draws from
+its own random stream (``policy_fn`` receives the worker index to seed it).
+
+Weights: :meth:`RayCollector.update_policy_weights_` puts one state dict in the object store and
+every worker loads it before its next episodes; each trace row records the ``policy_version`` it
+was sampled with (0 for the weights given at construction, +1 per update).
+
+Faults: a worker that dies (process killed, node lost) while running its share of a batch is
+replaced by a new actor (same index, current weights), and its share is *re-run* from the start with
+the same task seeds and episode ids. None of the dead worker's traces ever reached the driver, so no
+trace is counted twice and the batch keeps its whole, on-policy episodes. A share that fails
+``max_retries`` times ends its episodes as truncated with ``sandbox_error`` saying so. Starting a
+worker waits at most ``start_timeout_s``; when none can start, a ``RuntimeError`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from compactrl.collectors.batch import EpisodeMeta, stack_traces
+from compactrl.collectors.trace_collector import (
+    _CONFIG_ERRORS,
+    EnvFn,
+    EpisodeStats,
+    TraceCollector,
+    _Planned,
+    summarize_episodes,
+)
+from compactrl.types import Policy, Trace
+
+log = logging.getLogger(__name__)
+
+PolicyFn = Callable[[int], Policy]
+
+_MAX_TRACELESS_ROUNDS = 8
+"""Batches in a row whose every episode ended without a trace before collection gives up."""
+
+
+class _PlanCollector(TraceCollector):
+    """A worker's collector: runs a given plan of (group, task seed) episodes, as ``next`` would."""
+
+    def run_plan(self, plans: Sequence[_Planned]) -> list[tuple[EpisodeStats, list[Trace]]]:
+        episodes = self._collect_episodes(deque(plans), fixed=True)
+        return [(ep.stats, ep.traces) for ep in episodes]
+
+    def _survivable(self, exc: Exception, *, built: bool) -> bool:
+        return not isinstance(exc, _CONFIG_ERRORS)  # as in next(): a config or policy bug propagates
+
+
+class RolloutWorker:
+    """The actor's body (wrapped by ``ray.remote`` in :class:`RayCollector`)."""
+
+    def __init__(self, env_fns: Sequence[EnvFn], policy_fn: PolicyFn, index: int, *, pad_id: int,
+                 give_task_to_policy: bool, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.policy = policy_fn(index)
+        self.collector = _PlanCollector(env_fns, self.policy, episodes_per_batch=1, pad_id=pad_id,
+                                        give_task_to_policy=give_task_to_policy)
+        self.version = 0
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def set_weights(self, state: dict[str, Any] | None, version: int) -> None:
+        if state is not None:
+            self.policy.load_state_dict(state)
+        self.version = version
+
+    def run(self, plans: list[_Planned]) -> tuple[int, list[tuple[EpisodeStats, list[Trace]]]]:
+        return self.version, self.collector.run_plan(plans)
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()
+
+
+class RayCollector:
+    """:class:`TraceCollector`'s API over Ray rollout workers (see the module docstring).
+
+    Args:
+        env_fns: the constructors of one worker's envs (``envs_per_worker`` of them); they are
+            pickled to every worker, so they must not close over live resources.
+        policy_fn: builds a worker's policy from its index (importable function or picklable object).
+        num_workers: rollout worker actors.
+        episodes_per_batch: whole episodes per batch (a multiple of ``group_size``).
+        weights: the driver's policy (module or state dict) whose weights the workers start from;
+            None keeps what ``policy_fn`` built (scripted policies).
+        worker_num_cpus: CPUs Ray reserves per worker.
+        threads: torch threads in each worker.
+        start_timeout_s: how long a worker may take to start before the collector gives up.
+        max_retries: re-runs of a share whose worker died before its episodes end as truncated.
+        Other arguments as for :class:`TraceCollector`.
+    """
+
+    def __init__(self, env_fns: Sequence[EnvFn], policy_fn: PolicyFn, *, num_workers: int, episodes_per_batch: int,
+                 total_batches: int | None = None, group_size: int = 1, seed: int = 0, pad_id: int = 0,
+                 give_task_to_policy: bool = True, reset_options: dict | None = None, weights: Any = None,
+                 worker_num_cpus: float = 1.0, threads: int = 1, start_timeout_s: float = 120.0,
+                 max_retries: int = 2) -> None:
+        _validate(num_workers, len(env_fns), episodes_per_batch, group_size, start_timeout_s)
+        self.env_fns, self.policy_fn = list(env_fns), policy_fn
+        self.num_workers, self.envs_per_worker = num_workers, len(env_fns)
+        self.episodes_per_batch, self.total_batches, self.group_size = episodes_per_batch, total_batches, group_size
+        self.pad_id, self.give_task_to_policy, self.reset_options = pad_id, give_task_to_policy, reset_options
+        self.worker_num_cpus, self.threads = worker_num_cpus, threads
+        self.start_timeout_s, self.max_retries = start_timeout_s, max_retries
+        self._workers: list[Any] = [None] * num_workers
+        self._loaded = [-1] * num_workers  # the policy version each worker holds
+        self._weights_ref: Any = None
+        self._pending_weights = weights
+        self.policy_version = 0
+        self.restarts = 0
+        """Workers replaced after dying."""
+        self._next_episode_id = self._next_group_id = self._batches = 0
+        self.set_seed(seed)
+        self.last_episode_stats: list[EpisodeStats] = []
+        self.last_batch_stats: dict[str, float] = {}
+
+    # -- TraceCollector's surface -------------------------------------------------------------------
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        self._seed = int(seed)
+        self._rng = np.random.default_rng(self._seed)
+        return self._seed + 1
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """Publish new weights once (one object in the store); workers load them before their next episodes."""
+        self._pending_weights = policy_or_weights
+        self.policy_version += 1
+        self._weights_ref = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self._seed, "rng": self._rng.bit_generator.state, "next_episode_id": self._next_episode_id,
+                "next_group_id": self._next_group_id, "batches": self._batches, "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_seed(state["seed"])
+        self._rng.bit_generator.state = state["rng"]
+        self._next_episode_id, self._next_group_id = int(state["next_episode_id"]), int(state["next_group_id"])
+        self._batches = int(state["batches"])
+        self.policy_version = int(state.get("policy_version", self.policy_version))
+
+    def shutdown(self) -> None:
+        """Close every worker's envs and end the actors. Idempotent."""
+        import ray
+
+        alive = [w for w in self._workers if w is not None]
+        self._workers = [None] * self.num_workers
+        if not alive or not ray.is_initialized():
+            return
+        try:
+            ray.get([w.shutdown.remote() for w in alive], timeout=30)
+        except Exception as exc:  # noqa: BLE001 - a dead worker has nothing left to close
+            log.warning("closing rollout workers: %r", exc)
+        for w in alive:
+            ray.kill(w)
+
+    def __iter__(self):
+        while self.total_batches is None or self._batches < self.total_batches:
+            yield self.next()
+
+    def __len__(self) -> int:
+        if self.total_batches is None:
+            raise TypeError("an endless RayCollector (total_batches=None) has no length")
+        return self.total_batches
+
+    # -- collection ------------------------------------------------------------------------------------
+
+    def next(self) -> TensorDict | None:
+        """Collect one batch of whole episodes on the workers and return its trace batch."""
+        results: list[tuple[EpisodeStats, list[Trace], int]] = []
+        for _ in range(_MAX_TRACELESS_ROUNDS):
+            results += self._run(self._plan())
+            if any(traces for _, traces, _ in results):
+                break
+        else:
+            raise RuntimeError(f"{len(results)} episodes in a row ended without a finished trace; the environments "
+                               "are failing (see the workers' logged sandbox errors)")
+        self._batches += 1
+        return self._batch(sorted(results, key=lambda r: r[0].episode_id))
+
+    def _plan(self) -> list[tuple[int, _Planned]]:
+        """(episode id, plan) of one batch, drawn as TraceCollector draws them."""
+        plans = []
+        for _ in range(self.episodes_per_batch // self.group_size):
+            group_id, task_seed = self._next_group_id, int(self._rng.integers(0, 2**31 - 1))
+            self._next_group_id += 1
+            for _ in range(self.group_size):
+                plans.append((self._next_episode_id, _Planned(group_id, task_seed, self.reset_options)))
+                self._next_episode_id += 1
+        return plans
+
+    def _run(self, plans: list[tuple[int, _Planned]]) -> list[tuple[EpisodeStats, list[Trace], int]]:
+        """Run the plan's groups on the workers (group g on worker g mod W), re-running lost shares."""
+        import ray
+
+        shares: dict[int, list[tuple[int, _Planned]]] = {}
+        first_group = plans[0][1].group_id if plans else 0
+        for eid, plan in plans:
+            shares.setdefault((plan.group_id - first_group) % self.num_workers, []).append((eid, plan))
+        self._ensure_workers(sorted(shares))
+        calls = {self._workers[w].run.remote([p for _, p in share]): (w, 0) for w, share in shares.items()}
+        out = []
+        while calls:
+            done, _ = ray.wait(list(calls), num_returns=1)
+            w, tries = calls.pop(done[0])
+            try:
+                version, episodes = ray.get(done[0])
+            except ray.exceptions.RayActorError as exc:
+                log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__,
+                            len(shares[w]))
+                self._workers[w] = None
+                if tries < self.max_retries:
+                    self.restarts += 1
+                    self._ensure_workers([w])
+                    calls[self._workers[w].run.remote([p for _, p in shares[w]])] = (w, tries + 1)
+                else:
+                    out += [(_lost(eid, plan, exc), [], self.policy_version) for eid, plan in shares[w]]
+                continue
+            for (eid, plan), (stats, traces) in zip(shares[w], episodes):
+                stats.episode_id, stats.group_id = eid, plan.group_id
+                out.append((stats, traces, version))
+        return out
+
+    def _ensure_workers(self, indices: Sequence[int]) -> None:
+        """Start the missing workers among ``indices`` and give every one the current weights."""
+        import ray
+
+        if not ray.is_initialized():  # ray.remote would start a default Ray, listening on every interface
+            raise RuntimeError("Ray is not running: start it with compactrl.distributed.local_ray() or "
+                               "compactrl train --ray / --ray-address")
+        if self._weights_ref is None and self._pending_weights is not None:
+            self._weights_ref = ray.put(_state_of(self._pending_weights))
+        new = [w for w in indices if self._workers[w] is None]
+        for w in new:
+            self._workers[w] = self._actor_class().remote(
+                self.env_fns, self.policy_fn, w, pad_id=self.pad_id, give_task_to_policy=self.give_task_to_policy,
+                threads=self.threads)
+        self._wait_ready([self._workers[w] for w in new])
+        stale = [w for w in indices if w in new or self._loaded[w] != self.policy_version]
+        ray.get([self._workers[w].set_weights.remote(self._weights_ref, self.policy_version) for w in stale])
+        for w in stale:
+            self._loaded[w] = self.policy_version
+
+    def _wait_ready(self, actors: list[Any]) -> None:
+        import ray
+
+        try:
+            ray.get([a.ready.remote() for a in actors], timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            for a in actors:  # an actor still waiting for resources would start later, unowned
+                ray.kill(a)
+            raise RuntimeError(f"no rollout worker started within start_timeout_s={self.start_timeout_s}s "
+                               f"(cluster resources: {ray.available_resources()}; each worker needs "
+                               f"{self.worker_num_cpus} CPU)") from None
+        except ray.exceptions.RayActorError as exc:
+            raise RuntimeError(f"a rollout worker could not be started: {exc}") from None
+
+    def _actor_class(self):
+        import ray
+
+        return ray.remote(num_cpus=self.worker_num_cpus, max_restarts=0)(RolloutWorker)
+
+    def _batch(self, results: list[tuple[EpisodeStats, list[Trace], int]]) -> TensorDict | None:
+        self.last_episode_stats = [stats for stats, _, _ in results]
+        self.last_batch_stats = summarize_episodes(self.last_episode_stats)
+        rows = [(EpisodeMeta(s.episode_id, s.group_id, s.terminated, s.truncated), traces)
+                for s, traces, _ in results if traces]
+        if not rows:
+            return None
+        batch = stack_traces(rows, pad_id=self.pad_id)
+        versions = [v for _, traces, v in results for _ in traces]
+        batch["policy_version"] = torch.tensor(versions, dtype=torch.long)
+        return batch
+
+
+def _lost(episode_id: int, plan: _Planned, exc: BaseException) -> EpisodeStats:
+    return EpisodeStats(episode_id=episode_id, group_id=plan.group_id, task_seed=plan.task_seed, truncated=True,
+                        sandbox_error=f"rollout worker lost: {type(exc).__name__}")
+
+
+def _state_of(policy_or_weights: Any) -> dict[str, Any]:
+    if isinstance(policy_or_weights, dict):
+        return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in policy_or_weights.items()}
+    return {k: v.detach().cpu() for k, v in policy_or_weights.state_dict().items()}
+
+
+def _validate(workers: int, envs: int, episodes: int, group: int, timeout: float) -> None:
+    if workers < 1:
+        raise ValueError(f"num_workers: expected >= 1, got {workers}")
+    if envs < 1:
+        raise ValueError(f"env_fns: expected at least one env constructor per worker, got {envs}")
+    if group < 1:
+        raise ValueError(f"group_size: expected >= 1, got {group}")
+    if episodes < 1 or episodes % group:
+        raise ValueError(f"episodes_per_batch: expected a positive multiple of group_size={group}, got {episodes}")
+    if timeout <= 0:
+        raise ValueError(f"start_timeout_s: expected > 0, got {timeout}")
