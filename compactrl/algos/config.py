@@ -455,6 +455,9 @@ class TrainConfig:
             # a black box does not say which response was a summary: none can be routed
             _check(not self.rl.frozen_summarizer, "rl.frozen_summarizer",
                    "False with rollout.source=mini_swe_agent", self.rl.frozen_summarizer)
+            # the agent's episodes run in the trainer's process, behind its in-process gateway
+            _check(self.distributed.num_rollout_workers == 0, "distributed.num_rollout_workers",
+                   "0 with rollout.source=mini_swe_agent", self.distributed.num_rollout_workers)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -4,7 +4,10 @@
   in-process policy or an upstream engine, every call recorded per session;
 * :mod:`.chat` — request models, the tool-call format, exact prompt ids;
 * :mod:`.recording` — session files (bounded memory, atomic finish);
-* :mod:`.traces` — recorded sessions -> trace trees -> the trace batch.
+* :mod:`.traces` — recorded sessions -> trace trees -> the trace batch;
+* :mod:`.mini_swe` — mini-swe-agent (unmodified, offline) on CompactCode tasks through the gateway;
+* :mod:`.collector` — those episodes as a rollout source with the trace collector's API
+  (``compactrl train --rollout.source mini_swe_agent``).
 """
 
 from compactrl.gateway.app import Gateway, GatewayConfig

@@ -84,3 +84,14 @@ def test_train_on_mini_swe_agent_sessions_changes_the_policy_and_resumes(tmp_pat
     versions = [{c.policy_version for c in sessions[f"episode-{i}.jsonl"].calls} for i in range(4)]
     assert versions == [{0}, {0}, {1}, {1}]
     assert all(s.finished for s in sessions.values())
+
+
+@pytest.mark.parametrize("change, field", [
+    ({}, "env.backend"),  # the smoke preset's sim backend cannot run the agent's shell commands
+    ({"env.backend": "local", "rl.frozen_summarizer": True}, "rl.frozen_summarizer"),
+    ({"env.backend": "local", "distributed.num_rollout_workers": 2}, "distributed.num_rollout_workers"),
+    ({"env.backend": "local", "rollout.action_regex": "(unclosed"}, "rollout.action_regex"),
+])
+def test_a_black_box_config_that_cannot_run_is_a_value_error_naming_the_field(change, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        override(preset("smoke"), {"rollout.source": "mini_swe_agent", **change})
