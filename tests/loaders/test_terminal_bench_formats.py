@@ -58,11 +58,17 @@ def test_toml_task_fields_and_reward_grading() -> None:
     assert "${TBENCH_ROOT}/.tbench_tests/test_outputs.py" in script and "cd /app" in script
 
 
-def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
+def _copy_appending(tmp_path, source: str, rel: str, text: str) -> str:
+    """A copy of the task folder ``source`` with ``text`` appended to its file ``rel``."""
     folder = str(tmp_path / "t")
-    shutil.copytree(TOML_TASK, folder)
-    with open(os.path.join(folder, "tests", "test.sh"), "a") as fh:
-        fh.write("curl -LsSf https://astral.sh/uv/install.sh | sh\n")
+    shutil.copytree(source, folder)
+    with open(os.path.join(folder, rel), "a") as fh:
+        fh.write(text)
+    return folder
+
+
+def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
+    folder = _copy_appending(tmp_path, TOML_TASK, "tests/test.sh", "curl -LsSf https://astral.sh/uv/install.sh | sh\n")
     task = load_task_dir(folder)
     assert task.check.kind == "pytest" and "-m pytest" in task.check.command
     assert task.metadata["grading_note"].startswith("tests/test.sh installs from the network (curl)")
@@ -71,12 +77,16 @@ def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
 
 
 def test_copy_outside_the_work_dir_is_a_reason(tmp_path) -> None:
-    folder = str(tmp_path / "t")
-    shutil.copytree(TOML_TASK, folder)
-    with open(os.path.join(folder, "environment", "Dockerfile"), "a") as fh:
-        fh.write("COPY data/batch/a.csv /opt/ref/a.csv\n")
+    folder = _copy_appending(tmp_path, TOML_TASK, "environment/Dockerfile", "COPY data/batch/a.csv /opt/ref/a.csv\n")
     task = load_task_dir(folder)
     assert task.metadata["image_only"] == ["COPY to 1 path(s) outside the work dir, e.g. /opt/ref/a.csv"]
+
+
+def test_two_run_tests_scripts_do_not_overwrite_each_other(tmp_path) -> None:
+    folder = _copy_appending(tmp_path, PAYLOAD, "tests/run-tests.sh", "echo from-tests-folder\n")
+    hidden = load_task_dir(folder).check.hidden_files
+    assert hidden[".tbench_tests/run-tests.sh"] == "echo from-tests-folder\n"
+    assert hidden[".tbench_run/run-tests.sh"].startswith("#!/bin/bash\n# Graded by this script")
 
 
 def test_a_set_loads_good_tasks_and_reports_each_bad_one_in_a_line(tmp_path) -> None:

@@ -13,7 +13,7 @@ RESERVED = {"task.yaml", "solution.sh", "solution.yaml", "run-tests.sh", "Docker
             "docker-compose.yml", ".dockerignore", "tests"}
 
 
-def _read(path: str, limit: int) -> str | None:
+def read_limited(path: str, limit: int) -> str | None:
     """Content as text; bytes that are not UTF-8 kept as lone surrogates (``surrogateescape``)."""
     if os.path.getsize(path) > limit:
         return None
@@ -67,7 +67,7 @@ def task_files(spec: TaskSpec, limit: int) -> tuple[dict[str, str], list[str], D
         else:
             outside.append(dest)
             continue
-        text = _read(os.path.join(spec.context or spec.folder, src), limit)
+        text = read_limited(os.path.join(spec.context or spec.folder, src), limit)
         if text is None:
             skipped.append(src)
         else:

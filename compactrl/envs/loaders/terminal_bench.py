@@ -34,6 +34,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from compactrl.envs.loaders.tb_files import read_limited, task_files
 from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, read_spec
 from compactrl.envs.task import Check, Task
 
@@ -84,14 +85,6 @@ def is_task_dir(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, n)) for n in ("task.yaml", "task.toml"))
 
 
-def _read(path: str, limit: int) -> str | None:
-    """A file's content; bytes that are not UTF-8 kept as lone surrogates (``surrogateescape``)."""
-    if os.path.getsize(path) > limit:
-        return None
-    with open(path, "rb") as fh:
-        return fh.read().decode("utf-8", errors="surrogateescape")
-
-
 def _rewrite_paths(text: str) -> str:
     text = _ABS_LOGS.sub("${TBENCH_ROOT}/" + LOGS_DIR + "/verifier", text)
     return _ABS_TESTS.sub("${TBENCH_ROOT}/" + TESTS_DIR, text)
@@ -100,7 +93,7 @@ def _rewrite_paths(text: str) -> str:
 def _hidden(spec: TaskSpec, limit: int) -> dict[str, str]:
     hidden = {}
     for rel in spec.test_files:
-        text = _read(os.path.join(spec.folder, "tests", rel), limit)
+        text = read_limited(os.path.join(spec.folder, "tests", rel), limit)
         if text is None:
             raise TerminalBenchError(f"{spec.folder}/tests/{rel}: tests: larger than max_file_bytes")
         hidden[f"{TESTS_DIR}/{rel}"] = _rewrite_paths(text) if rel.endswith(".sh") else text
@@ -150,8 +143,6 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring)."""
     config = config or TerminalBenchConfig()
     spec = read_spec(folder)
-    from compactrl.envs.loaders.tb_files import task_files
-
     files, skipped, facts = task_files(spec, config.max_file_bytes)
     hidden = _hidden(spec, config.max_file_bytes)
     mode, note = _grading(spec, config)
