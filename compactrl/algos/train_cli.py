@@ -40,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--rl.iterations N extends it)")
     parser.add_argument("--config", default=None, help="a config.json to start from instead of a preset")
     parser.add_argument("--no-progress", action="store_true", help="no progress display (log lines only)")
+    parser.add_argument("--ray", action="store_true",
+                        help="run the rollout workers (--distributed.num_rollout_workers) on a local Ray that the "
+                             "command starts (loopback only, no dashboard, no usage stats) and stops")
+    parser.add_argument("--ray-address", default=None,
+                        help="run the rollout workers on the Ray cluster at this address (host:port, or auto)")
     defaults = preset("main")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, tp, _, doc in iter_fields():
@@ -121,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         out = _resolve_out(args, cfg)
         given = [k.split(":", 1)[1] for k in vars(args) if k.startswith("cfg:")]
+        if not args.resume:  # a resumed run checks its stored config when its collector starts
+            _check_ray_args(args, cfg)
         if args.resume and set(given) - {"rl.iterations"}:
             raise ValueError("--resume uses the run's stored config (only --rl.iterations may change, to extend "
                              f"the run); drop {sorted(set(given) - {'rl.iterations'})}")
@@ -130,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.no_progress else (_rich_progress() if sys.stdout.isatty() else TextProgress())
     try:
         extend = cfg.rl.iterations if args.resume and "cfg:rl.iterations" in vars(args) else None
-        result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
+        with _ray(args):
+            result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
     except ValueError as exc:  # the run directory does not fit the request (exists, or already longer)
         log.debug("train failed", exc_info=True)
         print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
@@ -144,6 +152,27 @@ def run(args: argparse.Namespace) -> int:
     print(result.summary_line())  # noqa: T201 - CLI output
     print(f"run directory: {out}  (report: {out / 'report.md'})")  # noqa: T201
     return 0
+
+
+def _check_ray_args(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    workers = cfg.distributed.num_rollout_workers
+    if args.ray and args.ray_address:
+        raise ValueError("--ray starts a local Ray, --ray-address joins a cluster: give one of them")
+    if (args.ray or args.ray_address) and not workers:
+        raise ValueError("distributed.num_rollout_workers: expected >= 1 with --ray/--ray-address, got 0")
+    if workers and not (args.ray or args.ray_address):
+        raise ValueError(f"distributed.num_rollout_workers={workers} needs a Ray: add --ray (local) or --ray-address")
+
+
+def _ray(args: argparse.Namespace):
+    """The run's Ray (started here and stopped at the end, or joined), or nothing."""
+    import contextlib
+
+    if not (args.ray or args.ray_address):
+        return contextlib.nullcontext()
+    from compactrl.distributed import ray_for_run
+
+    return ray_for_run(args.ray_address or "")
 
 
 class TextProgress:

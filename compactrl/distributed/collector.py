@@ -283,6 +283,7 @@ class RayCollector:
     def _batch(self, results: list[tuple[EpisodeStats, list[Trace], int]]) -> TensorDict | None:
         self.last_episode_stats = [stats for stats, _, _ in results]
         self.last_batch_stats = summarize_episodes(self.last_episode_stats)
+        self.last_batch_stats.update(rollout_workers=float(self.num_workers), worker_restarts=float(self.restarts))
         rows = [(EpisodeMeta(s.episode_id, s.group_id, s.terminated, s.truncated), traces)
                 for s, traces, _ in results if traces]
         if not rows:

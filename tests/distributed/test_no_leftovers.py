@@ -1,0 +1,114 @@
+"""A Ray started for a run leaves nothing behind: no process of its session, no temp dir, no /dev/shm object.
+
+Each test runs Ray in a child process with TMPDIR set to a fresh short directory: every Ray daemon
+of that session names the directory on its command line, so the test finds exactly its own
+processes (never the session fixture's or anyone else's).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COLLECT = """
+import sys
+from compactrl.algos import trainer as T
+from compactrl.algos.config import preset
+from compactrl.distributed import RayCollector, local_ray
+from compactrl.policies.scripted import OraclePolicy
+
+with local_ray(num_cpus=1, object_store_bytes=128 * 1024**2) as temp_dir:
+    print(temp_dir, flush=True)
+    rc = RayCollector(T.make_env_fns(preset("smoke").env, split="train", count=1), lambda i: OraclePolicy(),
+                      num_workers=1, episodes_per_batch=2)
+    batch = rc.next()
+    rc.shutdown()
+    assert batch is not None and rc.last_batch_stats["episodes"] == 2
+"""
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:  # the process ended while we looked
+                continue
+            if text.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def _wait_gone(text: str, timeout_s: float = 15.0) -> list[int]:
+    """Ray's daemons exit asynchronously after shutdown: poll until none is left or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _processes_naming(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _shm() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if "plasma" in n or "ray" in n} if os.path.isdir("/dev/shm") else set()
+
+
+def _run(args: list[str], tmp: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TMPDIR": tmp}
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+
+
+def _check_nothing_left(tmp: str, shm_before: set[str]) -> None:
+    assert _wait_gone(tmp) == [], "Ray processes of the run are still alive"
+    assert not [p for p in Path(tmp).iterdir() if p.name.startswith("crl-ray-")], "Ray's temp dir is left"
+    assert _shm() <= shm_before, "Ray left objects in /dev/shm"
+
+
+def test_local_ray_and_a_collector_leave_nothing_behind():
+    tmp = tempfile.mkdtemp(prefix="crlt")  # short: Ray's socket paths live under it
+    shm_before = _shm()
+    out = _run([sys.executable, "-c", COLLECT], tmp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[0].startswith(tmp)
+    _check_nothing_left(tmp, shm_before)
+
+
+@pytest.mark.slow
+def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind():
+    import json
+
+    tmp = tempfile.mkdtemp(prefix="crlt")
+    shm_before = _shm()
+    out = _run([sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--ray",
+                "--distributed.num_rollout_workers", "2", "--distributed.envs_per_worker", "1",
+                "--rl.iterations", "1", "--out", f"{tmp}/run", "--no-progress"], tmp)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["train/rollout_workers"] == 2.0 and rows[-1]["train/episodes"] >= 1
+    _check_nothing_left(tmp, shm_before)
+
+
+def test_train_refuses_workers_without_a_ray(tmp_path, capsys):
+    import argparse
+
+    from compactrl.algos import train_cli
+
+    def run(*argv):
+        parser = argparse.ArgumentParser()
+        train_cli.add_arguments(parser)
+        return train_cli.run(parser.parse_args(["--preset", "smoke", "--out", str(tmp_path / "run"), *argv]))
+
+    assert run("--distributed.num_rollout_workers", "2") == 2
+    assert "needs a Ray: add --ray" in capsys.readouterr().out
+    assert run("--ray") == 2
+    assert "distributed.num_rollout_workers: expected >= 1" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
