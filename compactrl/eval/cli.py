@@ -62,6 +62,9 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--image-namespace", default="swebench", help="SWE-bench image namespace ('' for local builds)")
     g.add_argument("--python", default=None, help="interpreter that runs the tests inside the sandbox")
     g.add_argument("--instance-ids", default=None, help="SWE-bench: comma-separated instance ids to load")
+    g.add_argument("--swebench-specs", default=None,
+                   help="SWE-bench: JSON/YAML file of per-repository (owner/name, owner/name@version) or per-instance "
+                        "python, setup, test_command, log_parser, generated_files")
     g.add_argument("--setup", action="append", default=[], help="setup command run before the agent (repeatable)")
     g.add_argument("--image", default=None, help="Terminal-Bench/docker: image for every task")
     g.add_argument("--tb-grading", default="auto", choices=("auto", "script", "pytest"),
@@ -154,15 +157,16 @@ def _task_budget(args: argparse.Namespace):
 
 def _load_tasks(args: argparse.Namespace):
     from compactrl.envs.loaders import load_tasks
-    from compactrl.envs.loaders.swebench import SWEBenchConfig
+    from compactrl.envs.loaders.swebench import SWEBenchConfig, load_specs
     from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig
 
     try:
         swe = None
         if args.repos_root or args.swebench_images:
+            specs = load_specs(args.swebench_specs) if args.swebench_specs else {}
             swe = SWEBenchConfig(repos_root=args.repos_root, use_images=args.swebench_images,
                                  image_namespace=args.image_namespace or None, python=args.python,
-                                 setup=tuple(args.setup))
+                                 setup=tuple(args.setup), specs=specs)
         tb = TerminalBenchConfig(python=args.python or "python3", image=args.image, grading=args.tb_grading)
         ids = [i for i in (args.instance_ids or "").split(",") if i] or None
         return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)

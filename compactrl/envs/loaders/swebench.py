@@ -354,9 +354,11 @@ def _graded_command(python: str, test_command: str) -> str:
     """Probe the interpreter (a verdict that says why when it cannot start), run the tests into a
     log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log."""
     q = shlex.quote(python)
-    probe = (f"if ! {q} -c 'import sys' ; then echo 'compactrl: the test interpreter {python} cannot start in the "
-             "sandbox (the sandbox must see its prefix and shared libraries: --python also sets the local "
-             "sandbox interpreter)'; exit 3; fi")
+    # the reason goes into the summary section, so the verdict's one failed "test" says it
+    why = (f"ERROR [the test interpreter {python} cannot start in the sandbox: the sandbox must see it, its "
+           "prefix and its shared libraries (--python sets the local sandbox's interpreter too)]")
+    probe = (f"if ! __err=$({q} -c 'import sys' 2>&1); then echo \"$__err\"; "
+             f"echo '{'=' * 20} short test summary info {'=' * 20}'; echo {shlex.quote(why)}; exit 3; fi")
     return (f"{probe}; ( {test_command} ) > {GRADE_LOG} 2>&1; {q} {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
             f"__rc=$?; rm -f {GRADE_LOG}; exit $__rc")
 

@@ -175,7 +175,8 @@ def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
         elif os.path.isdir(path):
             binds.append(path)
     candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(os.path.realpath(python)), os.path.dirname(os.path.dirname(python))}
+                  os.path.dirname(os.path.realpath(python)), os.path.dirname(os.path.dirname(python)),
+                  *_interpreter_prefixes(python)}
     for cand in sorted(os.path.realpath(c) for c in candidates):
         if cand in ("/", "") or not os.path.isdir(cand):
             continue
@@ -183,6 +184,23 @@ def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
         if not covered:
             binds.append(cand)
     return links, binds
+
+
+def _interpreter_prefixes(python: str) -> list[str]:
+    """Prefixes ``python`` needs to start (its ``lib/`` holds ``libpython`` and the stdlib): its
+    own (``<prefix>/bin/python``, links resolved) and, for a venv, its base interpreter's (the
+    ``home`` of ``pyvenv.cfg``), so a venv made by another interpreter (pyenv, uv, conda) starts."""
+    prefixes = [os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+    cfg = os.path.join(os.path.dirname(os.path.dirname(python)), "pyvenv.cfg")
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    prefixes.append(os.path.dirname(os.path.realpath(value.strip())))
+    except OSError:
+        pass
+    return prefixes
 
 
 def _ns_processes(ns: str) -> list[int]:
@@ -244,6 +262,7 @@ class LocalSandbox:
         self._shell_pid: int | None = None
         self._fs: HostWorkDir | None = None
         self._workdir = self.config.workdir
+        self._python = self.config.python or sys.executable
         self._rest = b""
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -253,6 +272,10 @@ class LocalSandbox:
         self.isolation = choose_isolation(cfg.isolation, cfg.sandbox_uid)
         self.task = task
         self._workdir = str(task.metadata.get("workdir") or cfg.workdir).rstrip("/") or cfg.workdir
+        # a task that names its own interpreter (SWE-bench rows: a per-repository environment) runs
+        # the wrappers with it and gets its prefix mounted; otherwise the configured one
+        own = str(task.metadata.get("python") or "")
+        self._python = own if os.path.isabs(own) else (cfg.python or sys.executable)
         try:
             self._make_session_dir()
             for path, content in task.files.items():
@@ -277,7 +300,7 @@ class LocalSandbox:
             os.mkdir(d, 0o755)
         if owner is not None:
             os.chown(work, *owner)
-        python = cfg.python or sys.executable
+        python = self._python
         wrappers = {"python": f'exec {python!r} "$@"', "python3": f'exec {python!r} "$@"',
                     "pytest": f'exec {python!r} -m pytest "$@"'}
         for name, body in wrappers.items():
@@ -355,7 +378,7 @@ class LocalSandbox:
     def _bwrap_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(cfg.python or sys.executable)
+        links, binds = _host_binds(self._python)
         if os.geteuid() == 0:
             # Privileged bwrap builds the root (it can reach e.g. a Python under /root), then the
             # shell drops to an unprivileged uid in a user namespace of its own, which makes
@@ -371,7 +394,7 @@ class LocalSandbox:
         for target, path in links:
             argv += ["--symlink", target, path]
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(cfg.tmpfs_bytes),
-                 "--tmpfs", "/tmp"]
+                 "--tmpfs", "/tmp", "--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]  # as unshare's
         made: set[str] = set()
         for dest in [*binds, self._workdir, _OPT_DIR]:
             # bwrap would create missing parents as 0700 root: make them traversable for the shell
@@ -391,7 +414,7 @@ class LocalSandbox:
     def _unshare_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(cfg.python or sys.executable)
+        links, binds = _host_binds(self._python)
         q = shlex.quote  # the script runs under /bin/sh
         root = os.path.join(session, "root")
         lines = [
