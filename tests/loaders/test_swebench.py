@@ -50,6 +50,9 @@ def test_get_test_directives_drop_non_test_files() -> None:
             "diff --git a/tests/b.py b/tests/b.py\n")
     assert patch_targets(diff) == ["tests/a.py", "tests/data.json", "docs/x.md", "tests/b.py"]
     assert get_test_directives(diff) == ["tests/a.py", "tests/b.py"]
+    # django's runtests.py takes module labels, as the harness writes them
+    django = "diff --git a/tests/queries/test_q.py b/tests/queries/test_q.py\ndiff --git a/tests/x/y.txt b/tests/x/y.txt\n"
+    assert get_test_directives(django, "django/django") == ["queries.test_q"]
 
 
 def test_row_becomes_a_task_from_the_local_checkout(repos_root: str) -> None:

@@ -129,9 +129,13 @@ def patch_targets(diff: str) -> list[str]:
     return out
 
 
-def get_test_directives(test_patch: str) -> list[str]:
-    """SWE-bench's test directives for pytest repositories: touched files minus non-test ones."""
-    return [p for p in patch_targets(test_patch) if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
+def get_test_directives(test_patch: str, repo: str | None = None) -> list[str]:
+    """SWE-bench's test directives: touched files minus non-test ones; for ``django/django``, as
+    its ``runtests.py`` takes them, module labels (``tests/a/b.py`` -> ``a.b``)."""
+    paths = [p for p in patch_targets(test_patch) if not any(p.endswith(ext) for ext in NON_TEST_EXTS)]
+    if repo == "django/django":
+        paths = [p.removeprefix("tests/").removesuffix(".py").replace("/", ".") for p in paths]
+    return paths
 
 
 def _test_list(row: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -394,7 +398,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
     where = f"{where + ': ' if where else ''}{row.get('instance_id') or '<no instance_id>'}"
     f2p, p2p = _row_fields(row, where)
     iid, repo, base = row["instance_id"], row["repo"], row["base_commit"]
-    tests = get_test_directives(row["test_patch"])
+    tests = get_test_directives(row["test_patch"], row["repo"])
     if not tests:
         raise SWEBenchError(f"{where}: test_patch: touches no test file")
     spec = row_spec(row, config)
