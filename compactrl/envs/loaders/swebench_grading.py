@@ -9,7 +9,7 @@ XFAIL; every PASS_TO_PASS test PASSED, XFAIL or SKIPPED; a missing test fails.
 
 This file is also the grading script of a SWE-bench task: it is written into the sandbox as a
 hidden file and run by the repository's own interpreter, so it uses the standard library only and
-the syntax of Python 3.5 (SWE-bench's oldest environments), without annotations or f-strings.
+the syntax of Python 3.6 (no annotations, no f-strings; older interpreters are not supported).
 ``python swebench_grading.py SPEC LOG`` prints the log, then a pytest-style summary of the
 required tests, then the verdict; it exits 0 iff the row is resolved.
 """
