@@ -99,9 +99,9 @@ def test_a_set_loads_good_tasks_and_reports_each_bad_one_in_a_line(tmp_path) -> 
     lines = {p.split(": ", 1)[0].replace(root + "/", ""): p.split(": ", 1)[1] for p in problems}
     assert all("\n" not in p and "Traceback" not in p for p in problems)
     assert lines["yaml-syntax/task.yaml"].startswith("line 3: YAML syntax error")
-    assert lines["yaml-unknown-key/task.yaml"].startswith("max_agent_timout_sec: unknown key")
+    assert lines["yaml-unknown-key/task.yaml"] == "max_agent_timout_sec: unknown key (did you mean max_agent_timeout_sec?)"
     assert lines["toml-syntax/task.toml"].startswith("syntax: TOML syntax error")
-    assert lines["toml-unknown-key/task.toml"].startswith("verifier.timeout: unknown key")
+    assert lines["toml-unknown-key/task.toml"] == "verifier.timout_sec: unknown key (did you mean verifier.timeout_sec?)"
     assert lines["no-task-file"].startswith("task file: no task.yaml (1.x) or task.toml (2.x)")
     assert len(problems) == 5
     with pytest.raises(TerminalBenchError, match="no loadable task"):
@@ -141,3 +141,19 @@ def test_eval_cli_on_a_set_reports_bad_tasks_notes_and_grading(tmp_path, capsys,
     with open(out) as fh:
         [record] = [json.loads(line) for line in fh]
     assert record["success"] and record["task_notes"][0].startswith("RUN apt apt-get")
+
+
+def test_compose_services_besides_the_client_are_a_reason(tmp_path) -> None:
+    extra = "  db:\n    image: postgres:16\n"
+    task = load_task_dir(_copy_appending(tmp_path, PAYLOAD, "docker-compose.yaml", extra))
+    assert task.metadata["image_only"][-1] == "docker-compose services db (not started)"
+    assert sorted(task.files) == ["notes/readme.txt", "payload/blob.bin"]  # the client's Dockerfile still read
+
+
+def test_an_unknown_key_that_is_no_misspelling_is_ignored_and_listed(tmp_path) -> None:
+    yaml_task = load_task_dir(_copy_appending(tmp_path / "a", PAYLOAD, "task.yaml", "author: someone\n"))
+    assert yaml_task.metadata["ignored_keys"] == ["author"]  # published 1.x folders carry it
+    toml_task = load_task_dir(_copy_appending(tmp_path / "b", TOML_TASK, "task.toml", "[verifier.env]\nX = '1'\n"))
+    assert toml_task.metadata["ignored_keys"] == []
+    extra = load_task_dir(_copy_appending(tmp_path / "c", TOML_TASK, "task.toml", "[agent.extra]\n"))
+    assert extra.metadata["ignored_keys"] == ["agent.extra"]

@@ -42,6 +42,8 @@ def _facts(spec: TaskSpec) -> DockerfileFacts:
             facts.image_only.append(f"prebuilt image {spec.docker_image}: its files exist only in the image")
     if spec.workdir:
         facts.workdir, facts.workdir_source = spec.workdir, "task.toml environment.workdir"
+    if spec.services:
+        facts.image_only.append(f"docker-compose services {', '.join(spec.services)} (not started)")
     return facts
 
 

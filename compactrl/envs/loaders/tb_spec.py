@@ -1,12 +1,14 @@
 """The task file of a Terminal-Bench folder (1.x ``task.yaml``, 2.x ``task.toml``) read and checked.
 
 Every problem is a :class:`TerminalBenchError` of one line, ``file: field: problem``: syntax
-errors (with the line), unknown keys (a misspelling is not silently ignored), wrong types,
-missing pieces.
+errors (with the line), a misspelled key (an unknown key close to a known one), wrong types,
+missing pieces. Other unknown keys (published folders carry extras such as ``author``) are ignored,
+as the harness ignores them, and listed in ``TaskSpec.ignored_keys``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -53,6 +55,10 @@ class TaskSpec:
     context: str = ""
     workdir: str | None = None
     docker_image: str | None = None
+    services: list[str] = field(default_factory=list)
+    ignored_keys: list[str] = field(default_factory=list)
+    """Unknown keys that are no misspelling of a known one (ignored, as the harness ignores them)."""
+    """docker-compose services besides the agent's ``client`` (databases, servers...)."""
 
 
 def _walk(root: str) -> list[str]:
@@ -108,9 +114,6 @@ def _load_yaml(path: str) -> dict:
         raise TerminalBenchError(f"{path}: {where}: YAML syntax error: {getattr(exc, 'problem', exc)}") from None
     if not isinstance(spec, dict):
         raise TerminalBenchError(f"{path}: (top level): expected a mapping, got {type(spec).__name__}")
-    unknown = sorted(set(spec) - YAML_KEYS)
-    if unknown:
-        raise TerminalBenchError(f"{path}: {unknown[0]}: unknown key (known: {', '.join(sorted(YAML_KEYS))})")
     return spec
 
 
@@ -127,6 +130,7 @@ def _yaml_instruction(path: str, spec: dict) -> str:
 def _read_yaml(folder: str) -> TaskSpec:
     path = os.path.join(folder, "task.yaml")
     spec = _load_yaml(path)
+    ignored = _unknown(path, spec, YAML_KEYS)
     if spec.get("parser_name", "pytest") != "pytest":
         raise TerminalBenchError(f"{path}: parser_name: {spec['parser_name']!r} is not supported (only pytest)")
     out = TaskSpec(folder=folder, version=1, instruction=_yaml_instruction(path, spec),
@@ -136,10 +140,30 @@ def _read_yaml(folder: str) -> TaskSpec:
                                            DEFAULT_TEST_TIMEOUT_S),
                    info={k: spec[k] for k in INFO_KEYS if k in spec},
                    run_tests=_text(os.path.join(folder, "run-tests.sh")), solution=_yaml_solution(folder))
+    out.ignored_keys = ignored
     _tests(out)
-    if os.path.isfile(os.path.join(folder, "Dockerfile")):
-        out.dockerfile, out.context = os.path.join(folder, "Dockerfile"), folder
+    _compose(out)
     return out
+
+
+def _compose(spec: TaskSpec) -> None:
+    """The client service's Dockerfile and context from ``docker-compose.yaml``; other services noted."""
+    folder, dockerfile, context = spec.folder, "Dockerfile", "."
+    path = next((os.path.join(folder, n) for n in ("docker-compose.yaml", "docker-compose.yml")
+                 if os.path.isfile(os.path.join(folder, n))), None)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                services = (yaml.safe_load(fh) or {}).get("services") or {}
+        except (yaml.YAMLError, AttributeError) as exc:
+            raise TerminalBenchError(f"{path}: services: not a readable compose file ({type(exc).__name__})") from None
+        build = (services.get("client") or {}).get("build") if isinstance(services, dict) else None
+        if isinstance(build, dict):
+            dockerfile, context = build.get("dockerfile", dockerfile), build.get("context", context)
+        spec.services = sorted(n for n in services if n != "client") if isinstance(services, dict) else []
+    if os.path.isfile(os.path.join(folder, context, dockerfile)):
+        spec.context = os.path.normpath(os.path.join(folder, context))
+        spec.dockerfile = os.path.join(spec.context, dockerfile)
 
 
 def _yaml_solution(folder: str) -> str | None:
@@ -167,21 +191,35 @@ def _load_toml(path: str) -> dict:
     except tomllib.TOMLDecodeError as exc:
         raise TerminalBenchError(f"{path}: syntax: TOML syntax error: {exc}") from None
     for key, value in spec.items():
-        if key not in TOML_KEYS:
-            raise TerminalBenchError(f"{path}: {key}: unknown key (known: {', '.join(sorted(TOML_KEYS))})")
-        known = TOML_KEYS[key]
-        if known and isinstance(value, dict):
-            extra = sorted(set(value) - known)
-            if extra:
-                raise TerminalBenchError(f"{path}: {key}.{extra[0]}: unknown key (known: {', '.join(sorted(known))})")
-        elif known and not isinstance(value, dict):
+        known = TOML_KEYS.get(key)
+        if known and not isinstance(value, dict):
             raise TerminalBenchError(f"{path}: {key}: expected a table, got {value!r}")
     return spec
+
+
+def _unknown(path: str, keys: dict, known, prefix: str = "") -> list[str]:
+    """Unknown keys of ``keys``; one close to a known key is a misspelling (TerminalBenchError)."""
+    ignored = []
+    for key in sorted(set(keys) - set(known)):
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+        if close:
+            raise TerminalBenchError(f"{path}: {prefix}{key}: unknown key (did you mean {prefix}{close[0]}?)")
+        ignored.append(prefix + key)
+    return ignored
+
+
+def _toml_unknown(path: str, spec: dict) -> list[str]:
+    ignored = _unknown(path, spec, TOML_KEYS)
+    for table, known in TOML_KEYS.items():
+        if known and isinstance(spec.get(table), dict):
+            ignored += _unknown(path, spec[table], known, f"{table}.")
+    return ignored
 
 
 def _read_toml(folder: str) -> TaskSpec:
     path = os.path.join(folder, "task.toml")
     spec = _load_toml(path)
+    ignored = _toml_unknown(path, spec)
     instruction = _text(os.path.join(folder, "instruction.md"))
     if not instruction or not instruction.strip():
         raise TerminalBenchError(f"{os.path.join(folder, 'instruction.md')}: instruction: missing or empty")
@@ -194,6 +232,7 @@ def _read_toml(folder: str) -> TaskSpec:
                    info={k: meta[k] for k in INFO_KEYS if k in meta} | {"allow_internet": env.get("allow_internet")},
                    solution=_text(os.path.join(folder, "solution", "solve.sh")),
                    workdir=env.get("workdir"), docker_image=env.get("docker_image"))
+    out.ignored_keys = ignored
     _tests(out)
     out.test_sh = _text(os.path.join(folder, "tests", "test.sh"))
     if out.test_sh is None:

@@ -153,6 +153,7 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
         "skipped_files": skipped,
         "image_only": facts.image_only,
         "grading": mode,
+        "ignored_keys": spec.ignored_keys,
     }
     if note:
         meta["grading_note"] = note
@@ -189,6 +190,7 @@ def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None,
     if problems is not None:
         problems.extend(found)
     if not tasks:
-        detail = "; ".join(found) if found else "no subfolders"
+        more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+        detail = "; ".join(found[:3]) + more if found else "no subfolders"
         raise TerminalBenchError(f"{path}: no loadable task.yaml/task.toml task in it or its subfolders ({detail})")
     return tasks
