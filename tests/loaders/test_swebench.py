@@ -69,7 +69,7 @@ def test_row_becomes_a_task_from_the_local_checkout(repos_root: str) -> None:
     # the log of the tests is graded in the sandbox by the harness's parser for the repository
     assert task.check.kind == "script"
     assert "( python -m pytest -rA -p no:cacheprovider tests/test_median_types.py tests/test_stats.py )" in task.check.command
-    assert f"python {GRADER_FILE} {GRADE_SPEC}" in task.check.command
+    assert f"python -I {GRADER_FILE} {GRADE_SPEC}" in task.check.command
     assert json.loads(task.check.hidden_files[GRADE_SPEC]) == {
         "repo": row["repo"], "log_parser": None, "FAIL_TO_PASS": json.loads(row["FAIL_TO_PASS"]),
         "PASS_TO_PASS": json.loads(row["PASS_TO_PASS"])}

@@ -4,6 +4,7 @@ interpreter cannot start; the CLI's per-repository specs file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -13,7 +14,7 @@ from loader_helpers import SWEBENCH_ROWS, local_unavailable
 from compactrl.envs.loaders.swebench import SWEBenchConfig, read_rows, row_to_task
 from compactrl.envs.sandbox.local import LocalSandbox, _host_binds, _interpreter_prefixes
 from compactrl.eval import run_task
-from compactrl.policies.scripted_gold import GoldPolicy
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -95,3 +96,12 @@ def test_the_cli_reads_a_specs_file(tmp_path, repos_root: str, capsys) -> None:
         main(["eval", "--tasks", SWEBENCH_ROWS, "--repos-root", repos_root, "--swebench-specs", str(bad),
               "--backend", "local", "--policy", "gold"])
     assert "SWEBenchConfig.specs['mathkit-dev/mathkit'].setup: expected a list of strings" in capsys.readouterr().err
+
+
+def test_a_module_the_agent_plants_cannot_fake_the_verdict(repos_root: str) -> None:
+    """The grader imports json and re: a work-dir json.py that exits 0 must not make it "resolve"."""
+    _local()
+    task = _task(repos_root)
+    planted = dataclasses.replace(task, files={**task.files, "json.py": "raise SystemExit(0)\n"})
+    result = run_task(planted, NoopPolicy(), "local")
+    assert not result["success"] and result["sandbox_error"] is None, result

@@ -356,14 +356,16 @@ def _test_command(template: str | None, python: str, tests: list[str]) -> str:
 
 def _graded_command(python: str, test_command: str) -> str:
     """Probe the interpreter (a verdict that says why when it cannot start), run the tests into a
-    log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log."""
+    log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log. The grader
+    runs isolated (``-I``: neither the work dir nor PYTHONPATH on its path), so a ``json.py`` the
+    agent writes cannot stand in for the standard library and fake the verdict."""
     q = shlex.quote(python)
     # the reason goes into the summary section, so the verdict's one failed "test" says it
     why = (f"ERROR [the test interpreter {python} cannot start in the sandbox: the sandbox must see it, its "
            "prefix and its shared libraries (--python sets the local sandbox's interpreter too)]")
     probe = (f"if ! __err=$({q} -c 'import sys' 2>&1); then echo \"$__err\"; "
              f"echo '{'=' * 20} short test summary info {'=' * 20}'; echo {shlex.quote(why)}; exit 3; fi")
-    return (f"{probe}; ( {test_command} ) > {GRADE_LOG} 2>&1; {q} {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
+    return (f"{probe}; ( {test_command} ) > {GRADE_LOG} 2>&1; {q} -I {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
             f"__rc=$?; rm -f {GRADE_LOG}; exit $__rc")
 
 
