@@ -157,3 +157,13 @@ def test_an_unknown_key_that_is_no_misspelling_is_ignored_and_listed(tmp_path) -
     assert toml_task.metadata["ignored_keys"] == []
     extra = load_task_dir(_copy_appending(tmp_path / "c", TOML_TASK, "task.toml", "[agent.extra]\n"))
     assert extra.metadata["ignored_keys"] == ["agent.extra"]
+
+
+def test_an_unreadable_file_makes_one_task_bad_not_the_set(tmp_path) -> None:
+    root = str(tmp_path / "set")
+    shutil.copytree(TOML_TASK, os.path.join(root, "good"))
+    shutil.copytree(TOML_TASK, os.path.join(root, "broken"))
+    os.symlink("/nonexistent/target", os.path.join(root, "broken", "environment", "data", "batch", "c.csv"))
+    problems: list[str] = []
+    assert [t.id for t in load_terminal_bench(root, problems=problems)] == ["good"]
+    assert len(problems) == 1 and problems[0].startswith(f"{root}/broken: (files): FileNotFoundError")

@@ -187,6 +187,9 @@ def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None,
         except TerminalBenchError as exc:
             found.append(str(exc))
             log.warning("skipped task: %s", exc)
+        except (OSError, ValueError) as exc:  # an unreadable file: this task is bad, not the set
+            found.append(f"{sub}: (files): {type(exc).__name__}: {exc}".replace("\n", " "))
+            log.warning("skipped task: %s", found[-1])
     if problems is not None:
         problems.extend(found)
     if not tasks:
