@@ -12,7 +12,7 @@ import pytest
 from loader_helpers import SWEBENCH_ROWS, local_unavailable
 
 from compactrl.envs.loaders.swebench import SWEBenchConfig, read_rows, row_to_task
-from compactrl.envs.sandbox.local import LocalSandbox, _host_binds, _interpreter_prefixes
+from compactrl.envs.sandbox.local import LocalSandbox, LocalSandboxConfig, _host_binds, _interpreter_prefixes
 from compactrl.eval import run_task
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
@@ -105,3 +105,20 @@ def test_a_module_the_agent_plants_cannot_fake_the_verdict(repos_root: str) -> N
     planted = dataclasses.replace(task, files={**task.files, "json.py": "raise SystemExit(0)\n"})
     result = run_task(planted, NoopPolicy(), "local")
     assert not result["success"] and result["sandbox_error"] is None, result
+
+
+def test_extra_read_only_mounts(tmp_path, repos_root: str) -> None:
+    shared = tmp_path / "wheels"
+    shared.mkdir()
+    (shared / "index.txt").write_text("pinned\n")
+    with pytest.raises(ValueError, match="ro_binds must be a list of absolute paths of existing directories"):
+        LocalSandboxConfig(ro_binds=("relative/dir",))
+    _local()
+    box = LocalSandbox(ro_binds=[str(shared)])  # as --sandbox-kwargs gives it: a JSON list
+    box.start(_task(repos_root))
+    try:
+        res = box.exec(f"cat {shared}/index.txt; touch {shared}/new 2>&1; echo rc=$?")
+        assert res.output.startswith("pinned\n") and "rc=0" not in res.output, res.output
+    finally:
+        box.close()
+    assert not (shared / "new").exists()

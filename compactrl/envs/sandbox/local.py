@@ -94,6 +94,9 @@ class LocalSandboxConfig:
     pytest_plugin_autoload: bool = False
     """Let pytest load every plugin installed next to ``python`` (development environments often
     hold hypothesis & co., ~2 s per run). Off by default, which also matches the docker image."""
+    ro_binds: tuple[str, ...] = ()
+    """Extra host directories mounted read-only at the same paths (an environment's data, a
+    shared wheel or model cache); ``python``'s prefix is mounted without being listed."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", "bwrap", "unshare"):
@@ -112,6 +115,9 @@ class LocalSandboxConfig:
             raise ValueError(f"max_processes must be >= 8 (the shell needs a few), got {self.max_processes}")
         if not isinstance(self.sandbox_uid, int) or self.sandbox_uid <= 0:
             raise ValueError(f"sandbox_uid must be a positive int (not root), got {self.sandbox_uid!r}")
+        bad = [p for p in self.ro_binds if not (isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p))]
+        if isinstance(self.ro_binds, str) or bad:
+            raise ValueError(f"ro_binds must be a list of absolute paths of existing directories, got {self.ro_binds!r}")
 
 
 # ---------------------------------------------------------------------------------- isolation
@@ -165,7 +171,7 @@ def choose_isolation(requested: Isolation, uid: int = 65534) -> str:
     )
 
 
-def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
+def _host_binds(python: str, extra: tuple[str, ...] = ()) -> tuple[list[tuple[str, str]], list[str]]:
     """(symlinks as (target, path), read-only bind paths) that make up the sandbox's root."""
     links, binds = [], []
     for name in _SYSTEM_DIRS:
@@ -176,7 +182,7 @@ def _host_binds(python: str) -> tuple[list[tuple[str, str]], list[str]]:
             binds.append(path)
     candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                   os.path.dirname(os.path.realpath(python)), os.path.dirname(os.path.dirname(python)),
-                  *_interpreter_prefixes(python)}
+                  *_interpreter_prefixes(python), *extra}
     for cand in sorted(os.path.realpath(c) for c in candidates):
         if cand in ("/", "") or not os.path.isdir(cand):
             continue
@@ -378,7 +384,7 @@ class LocalSandbox:
     def _bwrap_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(self._python)
+        links, binds = _host_binds(self._python, tuple(cfg.ro_binds))
         if os.geteuid() == 0:
             # Privileged bwrap builds the root (it can reach e.g. a Python under /root), then the
             # shell drops to an unprivileged uid in a user namespace of its own, which makes
@@ -414,7 +420,7 @@ class LocalSandbox:
     def _unshare_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(self._python)
+        links, binds = _host_binds(self._python, tuple(cfg.ro_binds))
         q = shlex.quote  # the script runs under /bin/sh
         root = os.path.join(session, "root")
         lines = [
