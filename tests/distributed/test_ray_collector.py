@@ -183,3 +183,17 @@ def test_bad_arguments_name_the_field():
         RayCollector(fns, _oracle, num_workers=0, episodes_per_batch=2)
     with pytest.raises(ValueError, match="episodes_per_batch"):
         RayCollector(fns, _oracle, num_workers=1, episodes_per_batch=3, group_size=2)
+
+
+def test_the_trainer_builds_a_ray_collector_from_the_config_and_refuses_a_frozen_summariser():
+    from compactrl.tokenizer import shared_tokenizer
+
+    cfg = _cfg(**{"distributed.num_rollout_workers": 3, "distributed.envs_per_worker": 2})
+    policy, _ = T.build_policy(cfg, shared_tokenizer())
+    r = T.Run(cfg, None, policy, None, pad_id=0)
+    T.start_rollouts(r)  # workers start at the first batch: no Ray needed to build it
+    c = r.collector
+    assert isinstance(c, RayCollector) and (c.num_workers, c.envs_per_worker) == (3, 2)
+    assert c.episodes_per_batch == cfg.rl.episodes_per_iter and c.state_dict()["seed"] == cfg.seed + 1
+    with pytest.raises(ValueError, match="rl.frozen_summarizer"):
+        T.start_rollouts(T.Run(override(cfg, {"rl.frozen_summarizer": True}), None, policy, None, pad_id=0))
