@@ -38,6 +38,7 @@ def local_ray(num_cpus: int | None = None, *, object_store_bytes: int = DEFAULT_
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # read by ray.init and the daemons it starts
     # Ray takes the node's address from this flag (off: 127.0.0.1, as on a laptop) rather than from
     # init arguments, which turn 127.0.0.1 into the routable address
+    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray._private.ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
     temp_dir = tempfile.mkdtemp(prefix="crl-ray-", dir=temp_root)
@@ -49,6 +50,12 @@ def local_ray(num_cpus: int | None = None, *, object_store_bytes: int = DEFAULT_
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+        # a later connect() in this process must see a routable address again
+        if saved[0] is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved[0]
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = saved[1]
 
 
 @contextlib.contextmanager

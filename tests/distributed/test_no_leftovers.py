@@ -112,3 +112,46 @@ def test_train_refuses_workers_without_a_ray(tmp_path, capsys):
     assert run("--ray") == 2
     assert "distributed.num_rollout_workers: expected >= 1" in capsys.readouterr().out
     assert not (tmp_path / "run").exists()
+
+
+LISTENERS = """
+import os, ray
+from pathlib import Path
+from compactrl.distributed import local_ray
+
+def listening(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        inodes |= {l[8:-1] for l in links if l.startswith("socket:[")}
+    addrs = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # state LISTEN, owned by a Ray process
+                addrs.append(f[1].split(":")[0])
+    return addrs
+
+with local_ray(num_cpus=1, object_store_bytes=128 * 1024**2) as temp_dir:
+    print(ray.util.get_node_ip_address())
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and temp_dir.encode() in (p / "cmdline").read_bytes()] + [os.getpid()]
+    print(",".join(sorted(set(listening(pids)))))
+print(os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray._private.ray_constants.ENABLE_RAY_CLUSTER)
+"""
+
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+"""127.0.0.1 and ::ffff:127.0.0.1 / ::1 as /proc/net/tcp{,6} write them."""
+
+
+def test_local_ray_listens_on_loopback_only_and_restores_the_address_switch():
+    tmp = tempfile.mkdtemp(prefix="crlt")
+    out = _run([sys.executable, "-c", LISTENERS], tmp)
+    assert out.returncode == 0, out.stderr[-3000:]
+    node, listeners, env, switch = out.stdout.split()
+    assert node == "127.0.0.1" and (env, switch) == ("None", "True")
+    assert listeners and set(listeners.split(",")) <= LOOPBACK, f"Ray listens beyond loopback: {listeners}"
+    _check_nothing_left(tmp, _shm())
