@@ -18,6 +18,10 @@ from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
+MAX_TEMP_ROOT = 24
+"""Longest temp root Ray's socket paths fit under (``<root>/crl-ray-XXXXXXXX/session_<date>_<time>_<us>_<pid>/
+sockets/plasma_store`` must stay within the 107 bytes of a unix socket path)."""
+
 DEFAULT_OBJECT_STORE_BYTES = 512 * 1024**2
 """Object store of a local Ray: one batch of traces and one copy of a small model's weights fit many
 times over, and /dev/shm is left for the sandboxes."""
@@ -29,7 +33,8 @@ def local_ray(num_cpus: int | None = None, *, object_store_bytes: int = DEFAULT_
     """A private local Ray for the ``with`` block; yields its temp dir.
 
     ``num_cpus`` defaults to the machine's. The temp dir is made under ``temp_root`` (default
-    TMPDIR): Ray puts unix sockets there, whose paths must stay short (about 100 bytes).
+    TMPDIR, or ``/tmp`` when TMPDIR is longer than :data:`MAX_TEMP_ROOT` characters): Ray puts unix
+    sockets there, ~80 characters below the root, and a socket path may not exceed 107 bytes.
     """
     import ray
 
@@ -41,7 +46,11 @@ def local_ray(num_cpus: int | None = None, *, object_store_bytes: int = DEFAULT_
     saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray._private.ray_constants.ENABLE_RAY_CLUSTER
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-    temp_dir = tempfile.mkdtemp(prefix="crl-ray-", dir=temp_root)
+    root = temp_root or tempfile.gettempdir()
+    if len(root) > MAX_TEMP_ROOT:
+        log.info("Ray's temp dir goes under /tmp: %s is too long for its socket paths", root)
+        root = "/tmp"
+    temp_dir = tempfile.mkdtemp(prefix="crl-ray-", dir=root)
     try:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                  object_store_memory=object_store_bytes, _temp_dir=temp_dir, log_to_driver=False,

@@ -8,6 +8,7 @@ processes (never the session fixture's or anyone else's).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,20 +74,26 @@ def _check_nothing_left(tmp: str, shm_before: set[str]) -> None:
     assert _shm() <= shm_before, "Ray left objects in /dev/shm"
 
 
+def _short_tmp() -> str:
+    """A fresh directory short enough for Ray's socket paths (a test runner's TMPDIR may not be)."""
+    return tempfile.mkdtemp(prefix="crlt", dir="/tmp")
+
+
 def test_local_ray_and_a_collector_leave_nothing_behind():
-    tmp = tempfile.mkdtemp(prefix="crlt")  # short: Ray's socket paths live under it
+    tmp = _short_tmp()
     shm_before = _shm()
     out = _run([sys.executable, "-c", COLLECT], tmp)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[0].startswith(tmp)
     _check_nothing_left(tmp, shm_before)
+    shutil.rmtree(tmp)
 
 
 @pytest.mark.slow
 def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind():
     import json
 
-    tmp = tempfile.mkdtemp(prefix="crlt")
+    tmp = _short_tmp()
     shm_before = _shm()
     out = _run([sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--ray",
                 "--distributed.num_rollout_workers", "2", "--distributed.envs_per_worker", "1",
@@ -95,6 +102,7 @@ def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind()
     rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["train/rollout_workers"] == 2.0 and rows[-1]["train/episodes"] >= 1
     _check_nothing_left(tmp, shm_before)
+    shutil.rmtree(tmp)
 
 
 def test_train_refuses_workers_without_a_ray(tmp_path, capsys):
@@ -148,10 +156,11 @@ LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "0000000000000000000
 
 
 def test_local_ray_listens_on_loopback_only_and_restores_the_address_switch():
-    tmp = tempfile.mkdtemp(prefix="crlt")
+    tmp = _short_tmp()
     out = _run([sys.executable, "-c", LISTENERS], tmp)
     assert out.returncode == 0, out.stderr[-3000:]
     node, listeners, env, switch = out.stdout.split()
     assert node == "127.0.0.1" and (env, switch) == ("None", "True")
     assert listeners and set(listeners.split(",")) <= LOOPBACK, f"Ray listens beyond loopback: {listeners}"
     _check_nothing_left(tmp, _shm())
+    shutil.rmtree(tmp)
