@@ -98,8 +98,9 @@ def test_fork_bomb_is_contained(backend):
             sampler.join()
         assert elapsed < 30
         assert peak[0] <= 64 + 2, f"{peak[0]} processes in the sandbox, limit 64"  # + its init and driver
-        # the shell outlived the bomb and ran the rest of the command, or the sandbox's timeout ended it
-        assert res.timed_out or res.output.endswith("done\n"), res.output[-300:]
+        # what the sandbox guarantees is containment (above) and recovery (below); whether the shell
+        # itself could fork `sleep` while the bomb held every slot depends on timing ("fork: retry")
+        assert res.timed_out or "done" in res.output or "fork: retry" in res.output, res.output[-300:]
         after = sb.exec("echo alive; ps -e --no-headers | wc -l")
         assert after.exit_code == 0 and after.output.startswith("alive"), after
         assert int(after.output.split()[-1]) <= 8, after.output  # the bomb's processes are all gone
