@@ -15,7 +15,8 @@ frozen_summarizer          PPO bootstrap; summaries written by a frozen copy of 
 =========================  ===================================================================
 
 Regimes: ``default`` (the main job's ``tiny`` tasks at budget 860) and ``long_noisy`` (the
-``long_noisy`` generator preset: 3+ compactions in most episodes, flaky test runs; 8 turns,
+``long_noisy`` generator preset, ``tiny``'s tasks with half the test runs flaking, at budget 780
+with tool outputs capped at 160 tokens: 3+ compactions in most scripted episodes; 10 turns,
 6 compactions; docs/environments.md).
 
 Equal compute: every arm of a regime gets the same policy-training episodes and the same number
@@ -74,7 +75,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
-    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 8, "env.context_budget.max_compactions": 6},
+    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.budget": 780,
+                   "env.context_budget.tool_output_cap": 160, "env.context_budget.max_compactions": 6},
 }
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
          ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]

@@ -133,13 +133,14 @@ def test_progress_reward_is_paid_once_per_fact_at_the_run_that_shows_it():
 
 
 def test_long_noisy_oracle_chains_are_long_at_the_training_budget():
-    """The preset's claim: at the main job's budget most oracle episodes compact 3+ times."""
+    """The preset's claim: at the experiment's budget (780, outputs capped at 160) most oracle
+    episodes compact 3+ times."""
     from compactrl.collectors.trace_collector import TraceCollector
     from compactrl.policies.scripted import OraclePolicy
 
     def make():
-        return gym.make("CompactCode-v0", difficulty="long_noisy", split="test", max_turns=8, budget=860,
-                        reserve=64, tool_output_cap=192, max_compactions=6, tools=("view", "replace", "test", "submit"))
+        return gym.make("CompactCode-v0", difficulty="long_noisy", split="test", max_turns=10, budget=780,
+                        reserve=64, tool_output_cap=160, max_compactions=6, tools=("view", "replace", "test", "submit"))
 
     collector = TraceCollector([make, make], OraclePolicy(summary_quality=1.0), episodes_per_batch=24, seed=5,
                                give_task_to_policy=True)

@@ -109,7 +109,8 @@ def test_boundary_arms_differ_from_the_reference_recipe_only_where_named():
             (base.rl.iterations, base.rl.episodes_per_iter, base.rl.epochs, base.rl.minibatches)
         assert cfg.seed == 3 and cfg.model.pretrained == "m" and not cfg.sft.enabled
     noisy = be.regime_config("full", "long_noisy", threads=1)
-    assert noisy.env.difficulty == "long_noisy" and noisy.env.max_turns == 8
+    assert noisy.env.difficulty == "long_noisy" and noisy.env.max_turns == 10
+    assert (noisy.env.context_budget.budget, noisy.env.context_budget.tool_output_cap) == (780, 160)
 
 
 def test_auc_is_mean_success_over_iterations():

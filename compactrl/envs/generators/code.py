@@ -129,13 +129,13 @@ PRESETS: dict[str, CodeTaskConfig] = {
         name="hard", num_modules=8, num_docs=4, file_lines=(150, 300), num_facts=4,
         fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=80,
     ),
-    # tiny's facts in longer files, the fact deep in the config: at the main job's budget (860)
-    # reading it and the bug file in 25-line views takes 3+ compactions in most episodes; half the
-    # test runs flake and a flaked submit must be repeated within 8 turns, so the return after a
-    # summary is noisy for reasons no summary controls (measured: docs/environments.md).
+    # tiny's files, layout and facts, and half of all test runs flake: a flaked submit must be
+    # repeated, so the return after a summary is noisy for reasons no summary controls. The long
+    # chains come from the budget it runs at (780 tokens, tool outputs capped at 160): 3+
+    # compactions in most scripted episodes (measured: docs/environments.md).
     "long_noisy": CodeTaskConfig(
-        name="long_noisy", num_modules=1, num_docs=0, file_lines=(12, 20), num_facts=1,
-        fact_depth=(0.6, 0.95), distractors_per_fact=1, max_turns=8,
+        name="long_noisy", num_modules=1, num_docs=0, file_lines=(5, 8), num_facts=1,
+        fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=10,
         locations=("config",), fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
         flaky_test_p=0.5,
     ),
