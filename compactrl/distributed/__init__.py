@@ -1,9 +1,12 @@
-"""Rollouts on Ray: :class:`RayCollector` (rollout workers as actors behind the collector's API) and
-the start-up of a local or remote Ray for a run (:mod:`compactrl.distributed.cluster`), and
-experiment cells as Ray tasks (:func:`run_on_ray`)."""
+"""Rollouts on Ray: :class:`RayCollector` (rollout workers as actors behind the collector's API, with
+optional shared engine actors, :mod:`compactrl.distributed.engines`), the start-up of a local or
+remote Ray for a run (:mod:`compactrl.distributed.cluster`), and experiment cells as Ray tasks
+(:func:`run_on_ray`)."""
 
 from compactrl.distributed.cluster import connect, local_ray, ray_for_run
 from compactrl.distributed.collector import RayCollector, RolloutWorker
+from compactrl.distributed.engines import EngineClient, EngineLost, InferenceEngine, vllm_engine
 from compactrl.distributed.tasks import run_on_ray
 
-__all__ = ["RayCollector", "RolloutWorker", "connect", "local_ray", "ray_for_run", "run_on_ray"]
+__all__ = ["EngineClient", "EngineLost", "InferenceEngine", "RayCollector", "RolloutWorker", "connect", "local_ray",
+           "ray_for_run", "run_on_ray", "vllm_engine"]

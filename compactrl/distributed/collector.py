@@ -2,8 +2,10 @@
 
 Each rollout worker is a Ray actor that owns ``envs_per_worker`` environments (any backend: their
 sandboxes live on the worker's node) and a policy of its own, built there by ``policy_fn(index)``
-(generation in the worker: CPU, small models). It steps its envs in lock-step rounds with a
-:class:`TraceCollector` of its own, exactly as the single-process collector does.
+(generation in the worker: CPU, small models), or, with ``num_engines > 0``, a client of a shared
+engine actor that generates for several workers (:mod:`compactrl.distributed.engines`). It steps its
+envs in lock-step rounds with a :class:`TraceCollector` of its own, exactly as the single-process
+collector does.
 
 Task seeds: the driver draws the batch's plan (group ids and task seeds) from the same seeded stream
 as :class:`TraceCollector` (same ``seed`` -> same seeds, groups and episode ids), then hands whole
@@ -14,19 +16,21 @@ single-process one row for row. Sampled episodes match in distribution only: eac
 its own random stream (``policy_fn`` receives the worker index to seed it).
 
 Weights: :meth:`RayCollector.update_policy_weights_` puts one state dict in the object store and
-every worker loads it before its next episodes; each trace row records the ``policy_version`` it
-was sampled with (0 for the weights given at construction, +1 per update).
+every worker (or engine) loads it before its next episodes; each trace row records the
+``policy_version`` it was sampled with (0 for the weights given at construction, +1 per update).
 
 Faults: a worker that dies (process killed, node lost) while running its share of a batch is
 replaced by a new actor (same index, current weights), and its share is *re-run* from the start with
 the same task seeds and episode ids. None of the dead worker's traces ever reached the driver, so no
 trace is counted twice and the batch keeps its whole, on-policy episodes. A share that fails
 ``max_retries`` times ends its episodes as truncated with ``sandbox_error`` saying so. Starting a
-worker waits at most ``start_timeout_s``; when none can start, a ``RuntimeError`` says why.
+worker waits at most ``start_timeout_s``; when none can start, a ``RuntimeError`` says why. An
+engine that dies is another matter (the workers live on): see :mod:`compactrl.distributed.engines`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import deque
@@ -43,9 +47,12 @@ from compactrl.collectors.trace_collector import (
     EnvFn,
     EpisodeStats,
     TraceCollector,
+    _Episode,
     _Planned,
+    _Slot,
     summarize_episodes,
 )
+from compactrl.distributed.engines import EngineClient, EngineFn, EngineLost, InferenceEngine, engine_client
 from compactrl.types import Policy, Trace
 
 log = logging.getLogger(__name__)
@@ -57,11 +64,34 @@ _MAX_TRACELESS_ROUNDS = 8
 
 
 class _PlanCollector(TraceCollector):
-    """A worker's collector: runs a given plan of (group, task seed) episodes, as ``next`` would."""
+    """A worker's collector: runs a given plan of (group, task seed) episodes, as ``next`` would.
 
-    def run_plan(self, plans: Sequence[_Planned]) -> list[tuple[EpisodeStats, list[Trace]]]:
+    With an :class:`EngineClient` policy it also ends the episodes of a round whose engine died as
+    truncated, and notes per episode the oldest policy version its responses were sampled with.
+    """
+
+    def run_plan(self, plans: Sequence[_Planned], version: int) -> list[tuple[EpisodeStats, list[Trace], int]]:
+        self._versions: dict[int, int] = {}
         episodes = self._collect_episodes(deque(plans), fixed=True)
-        return [(ep.stats, ep.traces) for ep in episodes]
+        return [(ep.stats, ep.traces, self._versions.get(ep.stats.episode_id, version)) for ep in episodes]
+
+    def _round(self, busy: list[_Slot]) -> list[_Episode]:
+        ids = [s.episode.stats.episode_id for s in busy]
+        try:
+            finished = super()._round(busy)
+        except EngineLost as exc:  # raised by act, before any env of the round was stepped
+            return [self._lost_to_engine(slot, exc) for slot in busy]
+        served = getattr(self.policy, "last_version", None)
+        if served is not None:
+            for i in ids:
+                self._versions[i] = min(self._versions.get(i, served), served)
+        return finished
+
+    def _lost_to_engine(self, slot: _Slot, exc: EngineLost) -> _Episode:
+        stats = slot.episode.stats
+        stats.truncated, stats.terminated, stats.success = True, False, False
+        stats.sandbox_error = str(exc)
+        return self._finish(slot)  # the env is sound: its next reset starts the next episode
 
     def _survivable(self, exc: Exception, *, built: bool) -> bool:
         return not isinstance(exc, _CONFIG_ERRORS)  # as in next(): a config or policy bug propagates
@@ -81,13 +111,20 @@ class RolloutWorker:
     def ready(self) -> int:
         return os.getpid()
 
-    def set_weights(self, state: dict[str, Any] | None, version: int) -> None:
-        if state is not None:
-            self.policy.load_state_dict(state)
+    def set_weights(self, weights: list, version: int) -> None:
+        """``weights``: [object ref or None] (boxed, so an engine client can pass it on unfetched)."""
+        import ray
+
+        if isinstance(self.policy, EngineClient):
+            self.policy.follow(weights, version)
+        elif weights[0] is not None:
+            self.policy.load_state_dict(ray.get(weights[0]))
         self.version = version
 
-    def run(self, plans: list[_Planned]) -> tuple[int, list[tuple[EpisodeStats, list[Trace]]]]:
-        return self.version, self.collector.run_plan(plans)
+    def run(self, plans: list[_Planned]) -> tuple[list[tuple[EpisodeStats, list[Trace], int]], list[int]]:
+        """The plan's episodes (stats, traces, policy version) and the pids of the engines that answered."""
+        episodes = self.collector.run_plan(plans, self.version)
+        return episodes, sorted(getattr(self.policy, "engine_pids", ()))
 
     def shutdown(self) -> None:
         self.collector.shutdown()
@@ -106,8 +143,15 @@ class RayCollector:
             None keeps what ``policy_fn`` built (scripted policies).
         worker_num_cpus: CPUs Ray reserves per worker.
         threads: torch threads in each worker.
-        start_timeout_s: how long a worker may take to start before the collector gives up.
+        start_timeout_s: how long a worker (or engine) may take to start before the collector gives up.
         max_retries: re-runs of a share whose worker died before its episodes end as truncated.
+        num_engines: shared engine actors (see :mod:`compactrl.distributed.engines`); 0: every worker
+            generates with its own ``policy_fn(index)``.
+        engine_fn: builds engine ``e``'s policy (default ``policy_fn``); the workers then build none.
+        engine_num_cpus, engine_num_gpus: resources Ray reserves per engine.
+        engine_threads: torch threads in each engine.
+        engine_max_restarts: times Ray restarts a dead engine (beyond them the run stops with an error).
+        engine_timeout_s: longest wait for an engine's answer (a batch's generation plus a restart).
         Other arguments as for :class:`TraceCollector`.
     """
 
@@ -115,14 +159,26 @@ class RayCollector:
                  total_batches: int | None = None, group_size: int = 1, seed: int = 0, pad_id: int = 0,
                  give_task_to_policy: bool = True, reset_options: dict | None = None, weights: Any = None,
                  worker_num_cpus: float = 1.0, threads: int = 1, start_timeout_s: float = 120.0,
-                 max_retries: int = 2) -> None:
+                 max_retries: int = 2, num_engines: int = 0, engine_fn: EngineFn | None = None,
+                 engine_num_cpus: float = 1.0, engine_num_gpus: float = 0.0, engine_threads: int = 1,
+                 engine_max_restarts: int = 2, engine_timeout_s: float = 600.0) -> None:
         _validate(num_workers, len(env_fns), episodes_per_batch, group_size, start_timeout_s)
+        if num_engines < 0:
+            raise ValueError(f"num_engines: expected >= 0, got {num_engines}")
+        if engine_timeout_s <= 0:
+            raise ValueError(f"engine_timeout_s: expected > 0, got {engine_timeout_s}")
         self.env_fns, self.policy_fn = list(env_fns), policy_fn
         self.num_workers, self.envs_per_worker = num_workers, len(env_fns)
         self.episodes_per_batch, self.total_batches, self.group_size = episodes_per_batch, total_batches, group_size
         self.pad_id, self.give_task_to_policy, self.reset_options = pad_id, give_task_to_policy, reset_options
         self.worker_num_cpus, self.threads = worker_num_cpus, threads
         self.start_timeout_s, self.max_retries = start_timeout_s, max_retries
+        self.num_engines, self.engine_fn = num_engines, engine_fn or policy_fn
+        self.engine_resources = {"num_cpus": engine_num_cpus, "num_gpus": engine_num_gpus}
+        self.engine_threads, self.engine_max_restarts = engine_threads, engine_max_restarts
+        self.engine_timeout_s = engine_timeout_s
+        self._engines: list[Any] = []
+        self._engine_pids: list[set[int]] = [set() for _ in range(num_engines)]
         self._workers: list[Any] = [None] * num_workers
         self._loaded = [-1] * num_workers  # the policy version each worker holds
         self._weights_ref: Any = None
@@ -134,6 +190,11 @@ class RayCollector:
         self.set_seed(seed)
         self.last_episode_stats: list[EpisodeStats] = []
         self.last_batch_stats: dict[str, float] = {}
+
+    @property
+    def engine_restarts(self) -> int:
+        """Engine processes that replaced a dead one and have answered since (or started)."""
+        return sum(max(0, len(p) - 1) for p in self._engine_pids)
 
     # -- TraceCollector's surface -------------------------------------------------------------------
 
@@ -164,15 +225,16 @@ class RayCollector:
         import ray
 
         alive = [w for w in self._workers if w is not None]
+        engines, self._engines = self._engines, []
         self._workers = [None] * self.num_workers
-        if not alive or not ray.is_initialized():
+        if not (alive or engines) or not ray.is_initialized():
             return
         try:
             ray.get([w.shutdown.remote() for w in alive], timeout=30)
         except Exception as exc:  # noqa: BLE001 - a dead worker has nothing left to close
             log.warning("closing rollout workers: %r", exc)
-        for w in alive:
-            ray.kill(w)
+        for a in alive + engines:
+            ray.kill(a)
 
     def __iter__(self):
         while self.total_batches is None or self._batches < self.total_batches:
@@ -224,7 +286,7 @@ class RayCollector:
             done, _ = ray.wait(list(calls), num_returns=1)
             w, tries = calls.pop(done[0])
             try:
-                version, episodes = ray.get(done[0])
+                episodes, engine_pids = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__,
                             len(shares[w]))
@@ -236,7 +298,9 @@ class RayCollector:
                 else:
                     out += [(_lost(eid, plan, exc), [], self.policy_version) for eid, plan in shares[w]]
                 continue
-            for (eid, plan), (stats, traces) in zip(shares[w], episodes):
+            if self.num_engines:
+                self._engine_pids[w % self.num_engines].update(engine_pids)
+            for (eid, plan), (stats, traces, version) in zip(shares[w], episodes):
                 stats.episode_id, stats.group_id = eid, plan.group_id
                 out.append((stats, traces, version))
         return out
@@ -250,30 +314,52 @@ class RayCollector:
                                "compactrl train --ray / --ray-address")
         if self._weights_ref is None and self._pending_weights is not None:
             self._weights_ref = ray.put(_state_of(self._pending_weights))
+        self._ensure_engines()
         new = [w for w in indices if self._workers[w] is None]
         for w in new:
             self._workers[w] = self._actor_class().remote(
-                self.env_fns, self.policy_fn, w, pad_id=self.pad_id, give_task_to_policy=self.give_task_to_policy,
-                threads=self.threads)
-        self._wait_ready([self._workers[w] for w in new])
+                self.env_fns, self._worker_policy_fn(), w, pad_id=self.pad_id,
+                give_task_to_policy=self.give_task_to_policy, threads=self.threads)
+        self._wait_ready([self._workers[w] for w in new], "rollout worker", f"{self.worker_num_cpus} CPU")
         stale = [w for w in indices if w in new or self._loaded[w] != self.policy_version]
-        ray.get([self._workers[w].set_weights.remote(self._weights_ref, self.policy_version) for w in stale])
+        # boxed: a worker with an engine client passes the reference on; only engines fetch it
+        ray.get([self._workers[w].set_weights.remote([self._weights_ref], self.policy_version) for w in stale])
         for w in stale:
             self._loaded[w] = self.policy_version
 
-    def _wait_ready(self, actors: list[Any]) -> None:
+    def _ensure_engines(self) -> None:
+        """Start the engine actors once; Ray itself restarts one that dies (``engine_max_restarts``)."""
+        import ray
+
+        if not self.num_engines or self._engines:
+            return
+        cls = ray.remote(**self.engine_resources, max_restarts=self.engine_max_restarts, max_task_retries=0)(
+            InferenceEngine)
+        engines = [cls.remote(self.engine_fn, e, threads=self.engine_threads) for e in range(self.num_engines)]
+        pids = self._wait_ready(engines, "engine actor", self.engine_resources)
+        for e, pid in enumerate(pids):
+            self._engine_pids[e].add(pid)
+        self._engines = engines
+
+    def _worker_policy_fn(self) -> PolicyFn:
+        if not self.num_engines:
+            return self.policy_fn
+        return functools.partial(engine_client, tuple(self._engines), self.engine_timeout_s, self.engine_max_restarts)
+
+    def _wait_ready(self, actors: list[Any], what: str, needs: Any) -> list[int]:
         import ray
 
         try:
-            ray.get([a.ready.remote() for a in actors], timeout=self.start_timeout_s)
+            return ray.get([a.ready.remote() for a in actors], timeout=self.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             for a in actors:  # an actor still waiting for resources would start later, unowned
                 ray.kill(a)
-            raise RuntimeError(f"no rollout worker started within start_timeout_s={self.start_timeout_s}s "
-                               f"(cluster resources: {ray.available_resources()}; each worker needs "
-                               f"{self.worker_num_cpus} CPU)") from None
+            raise RuntimeError(f"no {what} started within start_timeout_s={self.start_timeout_s}s "
+                               f"(cluster resources: {ray.available_resources()}; each needs {needs})") from None
         except ray.exceptions.RayActorError as exc:
-            raise RuntimeError(f"a rollout worker could not be started: {exc}") from None
+            for a in actors:
+                ray.kill(a)
+            raise RuntimeError(f"a {what} could not be started: {exc}") from None
 
     def _actor_class(self):
         import ray
@@ -284,6 +370,8 @@ class RayCollector:
         self.last_episode_stats = [stats for stats, _, _ in results]
         self.last_batch_stats = summarize_episodes(self.last_episode_stats)
         self.last_batch_stats.update(rollout_workers=float(self.num_workers), worker_restarts=float(self.restarts))
+        if self.num_engines:
+            self.last_batch_stats.update(engines=float(self.num_engines), engine_restarts=float(self.engine_restarts))
         rows = [(EpisodeMeta(s.episode_id, s.group_id, s.terminated, s.truncated), traces)
                 for s, traces, _ in results if traces]
         if not rows:

@@ -1,0 +1,170 @@
+"""Shared inference engine actors: rollout workers send their generation requests to them.
+
+With ``num_engines > 0`` a :class:`~compactrl.distributed.RayCollector` starts that many engine
+actors (:class:`InferenceEngine`) and rollout worker ``w`` generates on engine ``w mod num_engines``
+through an :class:`EngineClient`, a policy that forwards each round's requests (one batched
+``act``) and returns the engine's responses, token ids and log-probs exact. An engine holds any
+compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` on CPUs, or a
+``VLLMPolicy`` on a GPU (:func:`vllm_engine`).
+
+Weights: the driver puts each version's state dict in the object store once and hands the
+reference to the workers; every request names the version it wants (with that reference), and an
+engine that holds another version (a new update, or a fresh engine after a restart) fetches and
+loads it before generating. A ``TransformersPolicy`` loads the state dict as it is; a ``VLLMPolicy``
+streams it to its GPU workers under per-expert checkpoint names through vLLM's ``collective_rpc``
+and the model's own ``load_weights`` (:meth:`~compactrl.policies.vllm_policy.VLLMPolicy.sync_weights`).
+Every answer carries the version the engine sampled with; the batch records, per episode, the
+oldest version any of its responses came from.
+
+Faults: an engine that dies mid-batch fails the calls it was serving; the workers end those
+requests' episodes as truncated (their finished traces are kept; the episodes are not re-run, so
+nothing can be counted twice), and Ray restarts the engine (``max_restarts``) with its constructor
+arguments; it loads the current weights at its first request. Every wait is bounded: a request
+that gets no answer within ``timeout_s`` (generation plus a restart), or an engine lost more than
+``max_losses`` times in a row, stops the run with a ``RuntimeError`` naming the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from compactrl.types import Policy, PolicyRequest
+
+log = logging.getLogger(__name__)
+
+EngineFn = Callable[[int], Policy]
+
+
+class EngineLost(RuntimeError):
+    """The engine serving a request died before answering; the request's episodes end truncated."""
+
+
+class InferenceEngine:
+    """The body of an engine actor (wrapped by ``ray.remote`` in :class:`~compactrl.distributed.RayCollector`)."""
+
+    def __init__(self, engine_fn: EngineFn, index: int, *, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.policy = engine_fn(index)
+        self.index = index
+        self.version = -1  # a fresh (or restarted) engine holds no published version yet
+        self.loads = 0
+        """Weight versions loaded by this process."""
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def act(self, requests: Sequence[PolicyRequest], weights: list, version: int) -> tuple[int, int, list[str]]:
+        """(version sampled with, engine pid, responses); loads ``weights[0]`` first when ``version`` is new here.
+
+        ``weights`` is a one-element list so that Ray passes the object reference through unresolved:
+        only an engine that needs the version fetches it.
+        """
+        if version != self.version:
+            self._load(weights[0], version)
+        return self.version, os.getpid(), self.policy.act(requests)
+
+    def _load(self, ref: Any, version: int) -> None:
+        import ray
+
+        if ref is not None:
+            load_published(self.policy, ray.get(ref))
+            self.loads += 1
+        self.version = version
+
+
+def load_published(policy: Any, state: Mapping[str, torch.Tensor]) -> None:
+    """Load a published state dict (Hugging Face names, fused experts) into an engine's policy."""
+    from compactrl.policies.vllm_policy import VLLMPolicy  # imports vllm only when an engine is built
+
+    if isinstance(policy, VLLMPolicy):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(policy.engine_config.model)  # the served model's (local) config
+        policy.sync_weights(_Published(state, config))
+    else:
+        policy.load_state_dict(state)
+
+
+class _Published:
+    """A state dict with its model's config: what ``sync_weights`` reads of a model (names, tied head)."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], config: Any) -> None:
+        self._state, self.config = state, config
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]:
+        return self._state
+
+
+class EngineClient:
+    """A rollout worker's policy in engine mode: each ``act`` is one request to its engine actor.
+
+    ``last_version`` is the version the engine reported for the latest answer (None before the
+    first); ``engine_pids`` the processes that answered (a restart shows as a new pid).
+    """
+
+    def __init__(self, engine: Any, index: int, *, timeout_s: float, max_losses: int) -> None:
+        self.engine, self.index = engine, index
+        self.timeout_s, self.max_losses = timeout_s, max_losses
+        self.weights: list = [None]
+        self.version = 0
+        self.last_version: int | None = None
+        self.engine_pids: set[int] = set()
+        self._lost_in_a_row = 0
+
+    def follow(self, weights: list, version: int) -> None:
+        """Ask for ``version`` (fetched by the engine from ``weights[0]`` when it lacks it) from now on."""
+        self.weights, self.version = weights, version
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[str]:
+        import ray
+
+        call = self.engine.act.remote(list(requests), self.weights, self.version)
+        try:
+            version, pid, responses = ray.get(call, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(call)
+            raise RuntimeError(f"engine actor {self.index} did not answer {len(requests)} requests within "
+                               f"timeout_s={self.timeout_s}s") from None
+        except ray.exceptions.RayActorError as exc:
+            self._lost_in_a_row += 1
+            if self._lost_in_a_row > self.max_losses:
+                raise RuntimeError(f"engine actor {self.index} was lost {self._lost_in_a_row} times in a row "
+                                   f"without answering (restarts exhausted?): {exc}") from None
+            log.warning("engine actor %d lost with %d requests in flight: %s", self.index, len(requests),
+                        type(exc).__name__)
+            raise EngineLost(f"engine actor {self.index} lost: {type(exc).__name__}") from None
+        self._lost_in_a_row = 0
+        self.last_version = version
+        self.engine_pids.add(pid)
+        return responses
+
+
+def engine_client(engines: Sequence[Any], timeout_s: float, max_losses: int, worker_index: int) -> EngineClient:
+    """Worker ``worker_index``'s client of engine ``worker_index mod len(engines)`` (a ``policy_fn``)."""
+    e = worker_index % len(engines)
+    return EngineClient(engines[e], e, timeout_s=timeout_s, max_losses=max_losses)
+
+
+def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] | None = None,
+                **policy_kwargs: Any) -> Policy:
+    """An ``engine_fn`` for GPU engine actors: a :class:`~compactrl.policies.vllm_policy.VLLMPolicy`
+    serving the Hugging Face model in ``model_dir`` (present on every GPU node), seeded per engine.
+
+    Use it as ``RayCollector(..., engine_fn=functools.partial(vllm_engine, model_dir),
+    engine_num_gpus=1, engine_num_cpus=1)``. Written against vLLM's API (``LLM``, ``TokensPrompt``,
+    ``SamplingParams(logprobs=0)``, ``collective_rpc`` with a worker extension calling the model's
+    ``load_weights``) and not run here (no GPU, no vLLM); without vllm it raises ``ImportError``
+    saying how to install it. Tensor parallelism inside one engine actor is vLLM's own (its Ray
+    executor and placement groups) and is not wired: one GPU per engine.
+    """
+    from compactrl.policies.vllm_policy import VLLMEngineConfig, VLLMPolicy, import_vllm
+
+    import_vllm()  # the clear error, before any tokenizer or engine is built
+    kw = {"seed": index, **dict(engine_kwargs or {})}
+    return VLLMPolicy(VLLMEngineConfig(model=model_dir, **kw), seed=policy_kwargs.pop("seed", 1000 * (index + 1)),
+                      **policy_kwargs)

@@ -1,0 +1,227 @@
+"""Shared engine actors: the same episodes as in-process generation, published weights and versions,
+an engine killed mid-batch, bounded waits, and the vLLM engine's weight path (without vLLM)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import ray.cloudpickle
+import torch
+
+from compactrl.algos import trainer as T
+from compactrl.algos.config import override, preset
+from compactrl.collectors import TraceCollector
+from compactrl.distributed import RayCollector
+from compactrl.distributed.engines import load_published, vllm_engine
+from compactrl.policies.scripted import OraclePolicy
+
+pytestmark = pytest.mark.timeout(240)
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import the tests folder
+
+ENV = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
+       "env.context_budget.tool_output_cap": 192}
+SMALL = {"engine_num_cpus": 0.5, "worker_num_cpus": 0.5}  # 2 workers and an engine on the tests' 2 CPUs
+
+
+def _cfg(**changes):
+    return override(preset("smoke"), {**ENV, **changes})
+
+
+def _oracle(index: int):
+    return OraclePolicy(summary_quality=1.0)
+
+
+def _single(env_fns, policy, *, episodes, seed=3, give_task=True):
+    c = TraceCollector(env_fns, policy, episodes_per_batch=episodes, seed=seed, give_task_to_policy=give_task)
+    try:
+        return c.next()
+    finally:
+        c.shutdown()
+
+
+def _rows(batch, episode_id: int) -> list[torch.Tensor]:
+    """The token rows of one episode, in trace order, without padding."""
+    rows = (batch["episode_id"] == episode_id).nonzero().flatten().tolist()
+    return [batch["tokens"][i][batch["attention_mask"][i].bool()] for i in rows]
+
+
+def _greedy_engine(cfg_json: str, index: int):
+    from compactrl.policies.transformers_policy import SamplingConfig
+
+    policy = T.worker_policy(cfg_json, index)
+    policy.sampling = SamplingConfig(temperature=0.0)  # greedy: an episode is a function of the weights
+    return policy
+
+
+@pytest.mark.slow
+def test_engine_episodes_and_published_weights_equal_in_process_generation(ray_cluster):
+    cfg = _cfg(**{"env.max_turns": 4})
+    policy = _greedy_engine(cfg.to_json(), 0)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights the engine's own build lacks: they must come from the object store
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    env_fns = T.make_env_fns(cfg.env, split="train", count=2)
+    rc = RayCollector(env_fns, None, num_workers=2, num_engines=1, episodes_per_batch=4, seed=3,
+                      give_task_to_policy=False, weights=policy,
+                      engine_fn=functools.partial(_greedy_engine, cfg.to_json()), **SMALL)
+    try:
+        for version in (0, 1):
+            if version:
+                with torch.no_grad():
+                    for p in policy.parameters():
+                        p.mul_(0.5)
+                rc.update_policy_weights_(policy)
+                fresh = np.random.default_rng(3).bit_generator.state  # the same tasks again
+                rc.load_state_dict({**rc.state_dict(), "rng": fresh, "next_episode_id": 0, "next_group_id": 0})
+            want = _single(env_fns, policy, episodes=4, give_task=False)
+            got = rc.next()
+            assert got["policy_version"].eq(version).all()
+            for key in ("tokens", "policy_mask", "summary_mask", "reward", "episode_id", "trace_index"):
+                assert torch.equal(got[key], want[key]), (version, key)
+            assert torch.allclose(got["sample_log_prob"], want["sample_log_prob"], equal_nan=True)
+        # both workers generated on the one engine, which never restarted
+        assert rc.engine_restarts == 0 and len(rc._engine_pids[0]) == 1
+        assert rc.last_batch_stats["engines"] == 1.0
+    finally:
+        rc.shutdown()
+
+
+class _DieOnAct:
+    """An oracle whose process dies at its second act call, once per marker file (the first engine there)."""
+
+    def __init__(self, marker: str):
+        self.marker, self.calls, self.policy = marker, 0, OraclePolicy(summary_quality=1.0)
+
+    def act(self, requests):
+        self.calls += 1
+        if self.calls == 2:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)  # the engine dies with requests in flight, as a killed process does
+        return self.policy.act(requests)
+
+
+def _dying_engine(marker: str, index: int):
+    return _DieOnAct(marker)
+
+
+def test_an_engine_killed_mid_batch_truncates_its_episodes_restarts_and_the_batch_fills(ray_cluster, tmp_path):
+    env_fns = T.make_env_fns(_cfg().env, split="train", count=2)
+    want = _single(env_fns, _oracle(0), episodes=6)
+    marker = str(tmp_path / "died")
+    rc = RayCollector(env_fns, None, num_workers=2, num_engines=1, episodes_per_batch=6, seed=3,
+                      engine_fn=functools.partial(_dying_engine, marker), **SMALL)
+    try:
+        got = rc.next()
+        assert os.path.exists(marker) and rc.engine_restarts == 1
+        stats = rc.last_episode_stats
+        ids = [s.episode_id for s in stats]
+        assert ids == list(range(6)), "the batch holds every planned episode exactly once"
+        lost = [s for s in stats if s.sandbox_error and "engine actor 0 lost" in s.sandbox_error]
+        assert 1 <= len(lost) <= 4 and all(s.truncated and not s.terminated for s in lost)
+        assert rc.last_batch_stats["engine_restarts"] == 1.0
+        for s in stats:  # an episode's rows are the in-process episode's, never more, never twice
+            mine, ref = _rows(got, s.episode_id), _rows(want, s.episode_id)
+            if s in lost:
+                assert len(mine) < len(ref)
+                ref = ref[:len(mine)]
+            assert len(mine) == len(ref) and all(torch.equal(a, b) for a, b in zip(mine, ref)), s.episode_id
+        # the restarted engine serves the next batch
+        rc.next()
+        assert not any(s.sandbox_error for s in rc.last_episode_stats) and rc.engine_restarts == 1
+    finally:
+        rc.shutdown()
+
+
+def test_an_engine_lost_for_good_stops_the_run_with_a_clear_error(ray_cluster, tmp_path):
+    env_fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    rc = RayCollector(env_fns, None, num_workers=1, num_engines=1, episodes_per_batch=2, engine_max_restarts=0,
+                      engine_fn=functools.partial(_dying_engine, str(tmp_path / "died")), **SMALL)
+    try:
+        with pytest.raises(RuntimeError, match="engine actor 0 was lost 1 times in a row"):
+            rc.next()
+    finally:
+        rc.shutdown()
+
+
+def test_waiting_for_an_engine_is_bounded(ray_cluster):
+    fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    rc = RayCollector(fns, _oracle, num_workers=1, num_engines=1, episodes_per_batch=1, engine_num_cpus=3,
+                      start_timeout_s=1.0)
+    with pytest.raises(RuntimeError, match=r"no engine actor started within start_timeout_s=1.0s"):
+        rc.next()
+    rc.shutdown()
+    with pytest.raises(ValueError, match="num_engines"):
+        RayCollector(fns, _oracle, num_workers=1, num_engines=-1, episodes_per_batch=1)
+
+
+# -- the vLLM engine's weight path, without vLLM ---------------------------------------------------------
+
+
+class _Loader:
+    """Stands where vLLM's model sits in a GPU worker: ``load_weights`` takes checkpoint names."""
+
+    def __init__(self):
+        self.received: list[tuple[str, torch.Tensor]] = []
+        self._p = torch.nn.Parameter(torch.zeros(1))
+
+    def parameters(self):
+        return iter([self._p])
+
+    def load_weights(self, weights):
+        self.received += list(weights)
+
+
+class _LLM:
+    """Routes ``collective_rpc`` to the worker extension as ``vllm.LLM`` does (one worker)."""
+
+    def __init__(self, worker):
+        self.worker, self.resets = worker, 0
+
+    def collective_rpc(self, method, args=()):
+        return [getattr(self.worker, method)(*args)]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def test_a_vllm_engine_loads_a_published_state_dict_under_checkpoint_names(tmp_path):
+    from types import SimpleNamespace
+
+    from compactrl.policies.moe_weights import fuse_experts
+    from compactrl.policies.vllm_policy import VLLMPolicy, WeightSyncWorkerExtension
+    from compactrl.tokenizer import shared_tokenizer
+
+    cfg = _cfg(**{"model.num_layers": 2})  # the second layer has experts
+    policy, _ = T.build_policy(cfg, shared_tokenizer())
+    policy.model.config.save_pretrained(tmp_path)  # the served model's config, as on the GPU node
+    worker = type("Worker", (WeightSyncWorkerExtension,), {})()
+    worker.model_runner = SimpleNamespace(model=_Loader())
+    llm = _LLM(worker)
+    engine = VLLMPolicy(str(tmp_path), shared_tokenizer(), llm=llm)
+    state = {k: v.clone() for k, v in policy.state_dict().items()}  # what the driver puts in the store
+    load_published(engine, state)
+    got = worker.model_runner.model.received
+    names = [n for n, _ in got]
+    assert any(".experts.0.gate_proj.weight" in n for n in names) and not any("gate_up_proj" in n for n in names)
+    assert llm.resets == 1
+    rebuilt = fuse_experts(got, policy.model.config.model_type)
+    expected = {k: v for k, v in state.items()
+                if not (k == "lm_head.weight" and policy.model.config.tie_word_embeddings)}
+    assert rebuilt.keys() == expected.keys() and all(torch.equal(rebuilt[k], expected[k]) for k in expected)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_a_vllm_engine_without_vllm_says_how_to_get_it(tmp_path):
+    with pytest.raises(ImportError, match=r"pip install 'compactrl\[vllm\]'"):
+        vllm_engine(str(tmp_path), 0)
