@@ -21,6 +21,14 @@ is one (so a run trained on another regime is measured on it), else from ``--pre
 
     python benchmarks/summary_stochasticity.py runs/main/sft_model --out sft.json
     python benchmarks/summary_stochasticity.py runs/main/final_model --contexts 32 --samples 8
+
+Before and after RL, per arm: ``--experiment DIR`` measures every regime's SFT model and the final
+models of each arm's first ``--seeds`` seeds in a boundary-experiment output folder
+(``benchmarks/boundary_experiment.py --out DIR``), one JSON per model under ``DIR/stochasticity/``
+(a finished one is never measured again), and writes ``DIR/stochasticity.md``: per regime, the SFT
+model's figures and each arm's mean over its seeds::
+
+    python benchmarks/summary_stochasticity.py --experiment benchmarks/results/boundary_experiment --seeds 4
 """
 
 from __future__ import annotations
@@ -273,9 +281,86 @@ def _finite(x):
     return x
 
 
+# -- before and after RL, over a boundary experiment's models --------------------------------------
+
+TABLE = [("summary tokens", "summary_tokens_mean", "{:.1f}"), ("length CV", "summary_tokens_cv", "{:.3f}"),
+         ("kept-keys Jaccard", "kept_keys_jaccard", "{:.2f}"), ("keeps the fact", "keeps_fact_rate", "{:.2f}"),
+         ("right value", "value_right_rate", "{:.2f}"), ("keep/drop kappa", "keeps_fact_kappa", "{:.2f}"),
+         ("success (sampled)", "success_mean", "{:.2f}"), ("success (greedy summary)", "success_greedy_summary", "{:.2f}"),
+         ("within-context SD", "success_within_sd", "{:.2f}"), ("mixed-outcome contexts", "contexts_mixed_outcome", "{:.2f}"),
+         ("success if kept / dropped", ("success_if_kept", "success_if_dropped"), "{:.2f}")]
+"""The rows of ``stochasticity.md``: label, report key(s), format."""
+
+
+def experiment_models(root: Path, seeds: int) -> list[tuple[str, str, int | None, Path]]:
+    """(regime, arm, seed, model dir) of the SFT models (arm ``sft``, seed None) and the arms' final
+    models of seeds ``0..seeds-1`` found under a boundary-experiment folder, in a stable order."""
+    found = []
+    for sft in sorted(root.glob("*/sft/sft_model")):
+        regime = sft.parts[-3]
+        found.append((regime, "sft", None, sft))
+        for arm_dir in sorted(p for p in (root / regime).iterdir() if p.is_dir() and p.name != "sft"):
+            for seed in range(seeds):
+                model = arm_dir / f"seed{seed}" / "final_model"
+                if model.is_dir():
+                    found.append((regime, arm_dir.name, seed, model))
+    return found
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(float(np.mean(values)))} ± {fmt.format(float(np.std(values, ddof=1)))}"
+
+
+def experiment_table(reports: list[tuple[str, str, dict]]) -> str:
+    """Markdown, one table per regime: a column per model group (the SFT model, then each arm with
+    mean ± SD over its seeds' reports)."""
+    out = []
+    for regime in dict.fromkeys(r for r, _, _ in reports):
+        groups: dict[str, list[dict]] = {}
+        for r, arm, rep in reports:
+            if r == regime:
+                groups.setdefault(arm, []).append(rep)
+        arms = ["sft", *sorted(a for a in groups if a != "sft")]
+        head = [f"{a} ({len(groups[a])})" if a != "sft" else "SFT (before RL)" for a in arms]
+        out += [f"### {regime}", "", "| figure | " + " | ".join(head) + " |", "|---" * (len(arms) + 1) + "|"]
+        for label, key, fmt in TABLE:
+            keys = key if isinstance(key, tuple) else (key,)
+            cells = [" / ".join(_cell([rep.get(k) for rep in groups[a]], fmt) for k in keys) for a in arms]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def run_experiment(root: Path, *, seeds: int, contexts: int, samples: int, seed: int) -> str:
+    """Measure every model :func:`experiment_models` finds (resumable), return the markdown tables."""
+    reports = []
+    for regime, arm, s, model in experiment_models(root, seeds):
+        path = root / "stochasticity" / (f"{regime}__{arm}" + ("" if s is None else f"__seed{s}") + ".json")
+        if not path.exists():
+            report = measure(str(model), load_config(str(model), None, []), contexts=contexts, samples=samples,
+                             seed=seed)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(_finite(report), indent=1) + "\n")
+            tmp.replace(path)
+        reports.append((regime, arm, json.loads(path.read_text())))
+    text = (f"Summary stochasticity before (SFT) and after RL (final models, mean ± SD over seeds), {contexts} "
+            f"held-out contexts x {samples} summaries at temperature 1 per model\n\n" + experiment_table(reports))
+    (root / "stochasticity.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", help="saved model directory (e.g. RUN/sft_model or RUN/final_model)")
+    p.add_argument("model", nargs="?", help="saved model directory (e.g. RUN/sft_model or RUN/final_model)")
+    p.add_argument("--experiment", default=None, metavar="DIR",
+                   help="measure a boundary experiment's SFT and final models instead (see the module doc)")
+    p.add_argument("--seeds", type=int, default=4, help="with --experiment: the first SEEDS seeds of each arm")
     p.add_argument("--contexts", type=int, default=16, help="held-out episodes to play (each gives one context)")
     p.add_argument("--samples", type=int, default=8, help="summaries sampled per context (>= 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the summary sampler")
@@ -284,6 +369,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="config override, e.g. --set env.context_budget=900 (repeatable)")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
     args = p.parse_args(argv)
+    if args.experiment:
+        print(run_experiment(Path(args.experiment), seeds=args.seeds, contexts=args.contexts,  # noqa: T201
+                             samples=args.samples, seed=args.seed))
+        return 0
+    if not args.model:
+        p.error("a model directory or --experiment DIR is required")
     cfg = load_config(args.model, args.preset, args.set)
     report = measure(args.model, cfg, contexts=args.contexts, samples=args.samples, seed=args.seed)
     text = json.dumps(_finite(report), indent=1)

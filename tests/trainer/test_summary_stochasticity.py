@@ -97,3 +97,26 @@ def test_command_writes_strict_json_for_a_tiny_random_model(tmp_path):
         assert all(isinstance(s, bool) for s in row["success"])
     for key in ("summary_tokens_cv", "kept_keys_jaccard", "success_mean", "success_within_sd"):
         assert report[key] is None or report[key] >= 0
+
+
+def test_experiment_models_lists_each_regimes_sft_then_its_arms_first_seeds(tmp_path):
+    for rel in ["default/sft/sft_model", "default/ppo_cut/seed0/final_model", "default/ppo_cut/seed1/final_model",
+                "default/ppo_cut/seed2/final_model", "default/grpo/seed0", "noisy/sft/sft_model"]:
+        (tmp_path / rel).mkdir(parents=True)
+    found = [(r, a, s) for r, a, s, _ in ss.experiment_models(tmp_path, seeds=2)]
+    # grpo seed0 has no final model yet (a running cell): left out; seed 2 is beyond --seeds
+    assert found == [("default", "sft", None), ("default", "ppo_cut", 0), ("default", "ppo_cut", 1),
+                     ("noisy", "sft", None)]
+
+
+def test_experiment_table_gives_the_sft_value_and_each_arms_mean_and_sd_over_seeds():
+    rep = {k: 0.5 for _, key, _ in ss.TABLE for k in (key if isinstance(key, tuple) else (key,))}
+    reports = [("default", "sft", {**rep, "summary_tokens_cv": 0.1}),
+               ("default", "ppo_cut", {**rep, "summary_tokens_cv": 0.2}),
+               ("default", "ppo_cut", {**rep, "summary_tokens_cv": 0.4, "keeps_fact_kappa": math.nan})]
+    table = ss.experiment_table(reports)
+    cv_row = next(line for line in table.splitlines() if line.startswith("| length CV"))
+    assert cv_row == "| length CV | 0.100 | 0.300 ± 0.141 |"
+    kappa_row = next(line for line in table.splitlines() if line.startswith("| keep/drop kappa"))
+    assert kappa_row == "| keep/drop kappa | 0.50 | 0.50 |"  # a NaN seed is left out, one value left
+    assert "| figure | SFT (before RL) | ppo_cut (2) |" in table
