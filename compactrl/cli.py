@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "serve": ("compactrl.policies.serve", "serve a local Hugging Face model over an OpenAI-compatible API"),
     "gateway": ("compactrl.gateway.app", "OpenAI-compatible chat gateway that records black-box agents' calls"),
     "bench": ("compactrl.bench", "run a benchmark script from benchmarks/"),
+    "tasks": ("compactrl.cli_tasks", "prepare task sets: SWE-bench rows' environments and work trees"),
 }
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -93,7 +93,8 @@ class SWEBenchConfig:
     """Limit of one test run."""
     specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per-repository settings (:func:`load_specs`): ``owner/name``, ``owner/name@version`` or an
-    ``instance_id`` -> ``python``, ``setup``, ``test_command``, ``log_parser``, ``generated_files``."""
+    ``instance_id`` -> ``python``, ``setup``, ``test_command``, ``log_parser``, ``generated_files``,
+    ``checkout`` (a work tree of the instance at ``base_commit``, used instead of ``repos_root``)."""
 
     def __post_init__(self) -> None:
         if not self.use_images and self.repos_root is None and not self.repo_paths:
@@ -293,7 +294,7 @@ def _instruction(row: Mapping[str, Any]) -> str:
             "source code. Hidden tests check the fix; do not modify the existing tests.")
 
 
-SPEC_KEYS = ("python", "setup", "test_command", "log_parser", "generated_files")
+SPEC_KEYS = ("python", "setup", "test_command", "log_parser", "generated_files", "checkout")
 """What a spec (per repository, ``repo@version`` or instance, or a row's own fields) may set."""
 
 
@@ -321,7 +322,7 @@ def _validate_spec(prefix: str, spec: Mapping[str, Any]) -> None:
         value = spec.get(key, ())
         if isinstance(value, str) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{prefix}{key}: expected a list of strings, got {value!r}")
-    for key in ("python", "test_command", "log_parser"):
+    for key in ("python", "test_command", "log_parser", "checkout"):
         if spec.get(key) is not None and not isinstance(spec[key], str):
             raise ValueError(f"{prefix}{key}: expected a string, got {spec[key]!r}")
     if spec.get("test_command") and "{test_files}" not in spec["test_command"]:
@@ -339,7 +340,7 @@ def row_spec(row: Mapping[str, Any], config: SWEBenchConfig) -> dict[str, Any]:
     repo = row["repo"]
     merged: dict[str, Any] = {"python": config.python, "test_command": config.test_command, "log_parser": None,
                               "setup": list(config.setup) + list(config.setup_by_repo.get(repo, ())),
-                              "generated_files": []}
+                              "generated_files": [], "checkout": None}
     own = {k: row[k] for k in SPEC_KEYS if row.get(k) is not None}
     layers = [config.specs.get(repo), config.specs.get(f"{repo}@{row.get('version')}"),
               config.specs.get(row["instance_id"]), own]
@@ -423,7 +424,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         files, skipped, test_files = _local_files(row, config, spec, where)
         hidden.update(test_files)
         command = _graded_command(python, _test_command(spec["test_command"], python, tests))
-        meta.update(repo_path=os.path.abspath(checkout_path(repo, config)), skipped_files=skipped)
+        meta.update(repo_path=os.path.abspath(_checkout_of(row, config, spec)), skipped_files=skipped)
         image = None
     meta["python"] = python
     check = Check(kind="script", command=command, must_pass=f2p + p2p, hidden_files=hidden, timeout_s=config.test_timeout_s)
@@ -437,9 +438,9 @@ def _local_files(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[s
     """(files at base_commit plus generated ones, the paths left out, the post-test_patch test
     files). Errors name ``where`` and the field at fault."""
     try:
-        repo_path = checkout_path(row["repo"], config)
+        repo_path = _checkout_of(row, config, spec)
     except SWEBenchError as exc:
-        raise SWEBenchError(f"{where}: repo: {exc}") from None
+        raise SWEBenchError(f"{where}: {exc}") from None
     if not is_commit(repo_path, row["base_commit"]):
         raise SWEBenchError(f"{where}: base_commit: {row['base_commit']} is not a commit of {repo_path} "
                             "(fetch the repository's full history)")
@@ -455,6 +456,19 @@ def _local_files(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[s
     if deleted:
         log.warning("%s: test_patch deletes %s; deletions are not applied before grading", where, deleted)
     return files, skipped, {p: c for p, c in patched.items() if c is not None}
+
+
+def _checkout_of(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[str, Any]) -> str:
+    """The spec's ``checkout`` (a work tree of this instance, e.g. made by ``compactrl tasks
+    prepare``), else the repository's checkout under ``repos_root``/``repo_paths``."""
+    if spec.get("checkout"):
+        if not os.path.isdir(spec["checkout"]):
+            raise SWEBenchError(f"checkout: no folder {spec['checkout']} (run `compactrl tasks prepare` again)")
+        return spec["checkout"]
+    try:
+        return checkout_path(row["repo"], config)
+    except SWEBenchError as exc:
+        raise SWEBenchError(f"repo: {exc}") from None
 
 
 def _image_check_command(row: Mapping[str, Any], graded: str) -> str:

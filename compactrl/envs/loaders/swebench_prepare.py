@@ -1,0 +1,558 @@
+"""Environments for SWE-bench rows on the local sandbox, built from the harness's own specs.
+
+:func:`prepare` does, per (repository, version) of the rows, what the harness's environment image
+does, with a venv in place of a conda env: find the pinned interpreter (pyenv, uv, ``pythonX.Y``
+on ``PATH``), create ``envs_root/envs/<owner>__<name>@<version>``, install the spec's
+``packages`` (a requirements file read from the repository at ``environment_setup_commit``, or
+a package list) and ``pip_packages``. Per row it does what the instance image does: a git work
+tree of the checkout at ``base_commit`` (``envs_root/checkouts/<instance_id>``), the spec's
+``pre_install`` and ``install`` commands run in it with the venv first on ``PATH``. The install
+step's paths are then moved to the sandbox's work dir (an editable install's ``.pth``, finder or
+``egg-link`` name the work tree; inside the sandbox the repository is at ``/workspace``), so the
+tests import the agent's files, and the files the install step generated (``_version.py``,
+``*.egg-info``) are listed for the loader to copy.
+
+It writes ``envs_root/specs.json`` (for ``--swebench-specs``: per ``owner/name@version`` the
+``python`` and ``test_command``, per instance the ``checkout`` and ``generated_files``) and
+``envs_root/manifest.json`` (per instance the requested and used Python, every command run, and
+what was skipped or failed). A prepared environment or work tree carries a stamp written last and
+is reused; one without a stamp (an interrupted build) is removed and built again.
+
+The harness's specs (``MAP_REPO_VERSION_TO_SPECS``, ``MAP_REPO_TO_REQS_PATHS``) live in the
+``swebench`` package up to 4.x; 5.x moved them out of the package. :func:`harness_specs` imports
+them in this interpreter, or in ``harness_python`` (an interpreter with ``swebench<5``), or reads
+them from a JSON file of the same shape.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from compactrl.envs.loaders.swebench import SWEBenchError, _git, is_commit, read_located_rows
+
+log = logging.getLogger(__name__)
+
+STAMP = ".compactrl-prepared.json"
+"""Written last into a finished venv or work tree; its absence means "build again"."""
+SANDBOX_WORKDIR = "/workspace"
+"""Where the local sandbox puts the repository (``LocalSandboxConfig.workdir``)."""
+SKIPPED_PREFIXES = ("apt-get", "apt ", "sudo apt")
+"""``pre_install`` commands for the system package manager: a venv cannot hold them (recorded)."""
+GENERATED_SKIP = ("__pycache__/", "build/", ".eggs/", ".tox/", STAMP)
+"""Untracked paths an install leaves that are not part of the installed tree."""
+PYTHON_MINORS = [f"3.{m}" for m in range(5, 15)]
+"""Interpreter versions looked for when the pinned one is missing (the fallback's candidates)."""
+
+_READ_SPECS = ("import json, swebench.harness.constants as c; "
+               "print(json.dumps({'specs': c.MAP_REPO_VERSION_TO_SPECS, "
+               "'reqs_paths': getattr(c, 'MAP_REPO_TO_REQS_PATHS', {}), "
+               "'env_yml_paths': getattr(c, 'MAP_REPO_TO_ENV_YML_PATHS', {})}, default=str))")
+
+
+class PrepareError(ValueError):
+    """What stops an environment or an instance from being prepared (names which, and why)."""
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Where :func:`prepare` reads and writes, and how strictly it matches interpreters."""
+
+    repos_root: str
+    """Folder of git repositories (bare or not) named ``<owner>__<name>``, with full history."""
+    envs_root: str
+    """Folder for the venvs, the work trees, ``specs.json`` and ``manifest.json``."""
+    harness_python: str | None = None
+    """An interpreter with ``swebench<5`` to read the harness specs from (default: this one)."""
+    harness_specs: str | None = None
+    """A JSON file ``{"specs": {repo: {version: spec}}, "reqs_paths": {repo: [paths]}}`` (wins)."""
+    strict_python: bool = False
+    """Fail when the pinned Python is missing, instead of using the nearest available one."""
+    workdir: str = SANDBOX_WORKDIR
+    """The repository's path inside the sandbox, which installs are moved to."""
+    pip_args: tuple[str, ...] = ()
+    """Extra ``pip install`` arguments (e.g. ``--find-links /wheels --no-index`` offline)."""
+    command_timeout_s: float = 1800.0
+    """Limit of one install command."""
+    instance_ids: tuple[str, ...] | None = None
+    """Only these rows (default: all)."""
+
+    def __post_init__(self) -> None:
+        for name in ("repos_root", "envs_root"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"PrepareConfig.{name}: expected a folder path, got {getattr(self, name)!r}")
+        if not os.path.isdir(self.repos_root):
+            raise ValueError(f"PrepareConfig.repos_root: {self.repos_root!r} is not a folder")
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"PrepareConfig.workdir: expected an absolute path, got {self.workdir!r}")
+        if not self.command_timeout_s > 0:
+            raise ValueError(f"PrepareConfig.command_timeout_s: expected > 0, got {self.command_timeout_s!r}")
+        if self.harness_specs is not None and not os.path.isfile(self.harness_specs):
+            raise ValueError(f"PrepareConfig.harness_specs: no file {self.harness_specs!r}")
+
+
+@dataclass
+class PrepareReport:
+    """What :func:`prepare` did: per instance its manifest record, the failures by id, the files."""
+
+    prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    specs_path: str = ""
+    manifest_path: str = ""
+
+
+# ===================================================================== the harness's specs
+def harness_specs(python: str | None = None, path: str | None = None) -> dict[str, Any]:
+    """``{"specs": {repo: {version: spec}}, "reqs_paths": {...}, "env_yml_paths": {...}}`` from a
+    JSON file, from ``swebench.harness.constants`` in ``python``, or imported here."""
+    if path is not None:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)
+        if not isinstance(value, dict) or not isinstance(value.get("specs"), dict):
+            raise PrepareError(f"{path}: expected {{'specs': {{repo: {{version: spec}}}}, 'reqs_paths': ...}}")
+        return {"reqs_paths": {}, "env_yml_paths": {}, **value}
+    if python is not None:
+        res = subprocess.run([python, "-c", _READ_SPECS], capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise PrepareError(f"cannot read the harness specs with {python}: "
+                               f"{_missing_specs_hint(res.stderr.strip().splitlines()[-1:] or [''])}")
+        return json.loads(res.stdout)
+    try:
+        import swebench.harness.constants as constants
+    except ImportError as exc:
+        raise PrepareError(f"the harness specs need the swebench package (<5): {exc}; "
+                           "pip install 'swebench<5', or pass harness_python / harness_specs") from None
+    if not hasattr(constants, "MAP_REPO_VERSION_TO_SPECS"):
+        raise PrepareError(_missing_specs_hint([f"swebench {_swebench_version()} has no MAP_REPO_VERSION_TO_SPECS"]))
+    return {"specs": constants.MAP_REPO_VERSION_TO_SPECS,
+            "reqs_paths": getattr(constants, "MAP_REPO_TO_REQS_PATHS", {}),
+            "env_yml_paths": getattr(constants, "MAP_REPO_TO_ENV_YML_PATHS", {})}
+
+
+def _swebench_version() -> str:
+    import swebench
+
+    return getattr(swebench, "__version__", "?")
+
+
+def _missing_specs_hint(lines: list[str]) -> str:
+    return (f"{lines[-1]} (swebench 5 moved the per-version environment specs out of the package; "
+            "install swebench>=4,<5 in an interpreter and pass it as harness_python (--harness-python), "
+            "or pass a JSON dump as harness_specs (--harness-specs))")
+
+
+def env_spec(specs: Mapping[str, Any], repo: str, version: str, where: str) -> dict[str, Any]:
+    """The harness spec of ``repo@version`` (a PrepareError naming ``where`` if there is none)."""
+    by_version = specs["specs"].get(repo)
+    if by_version is None:
+        raise PrepareError(f"{where}: repo: {repo!r} has no harness spec (known: {len(specs['specs'])} repositories)")
+    if version not in by_version:
+        raise PrepareError(f"{where}: version: {version!r} of {repo} has no harness spec "
+                           f"(known: {sorted(by_version)})")
+    return dict(by_version[version])
+
+
+# ===================================================================== interpreters
+def probe_python(candidate: str) -> tuple[str, str] | None:
+    """(real executable, ``"X.Y"``) of an interpreter that starts, else None."""
+    try:
+        res = subprocess.run([candidate, "-c", "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = res.stdout.split()
+    return (lines[0], lines[1]) if res.returncode == 0 and len(lines) == 2 else None
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of ``version`` (``"3.9"``): pyenv's versions, ``uv python find``, then
+    ``pythonX.Y`` on ``PATH``; the first that starts and reports that version."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    candidates = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")), reverse=True)
+    uv = shutil.which("uv")
+    if uv:
+        res = subprocess.run([uv, "python", "find", "--no-python-downloads", version], capture_output=True,
+                             text=True, timeout=60)
+        candidates += [res.stdout.strip()] if res.returncode == 0 and res.stdout.strip() else []
+    candidates += [p for p in [shutil.which(f"python{version}")] if p]
+    for cand in candidates:
+        found = probe_python(cand)
+        if found and found[1] == version:
+            return found[0]
+    return None
+
+
+def choose_python(version: str, strict: bool, where: str) -> tuple[str, str]:
+    """(interpreter, its version): the pinned one, else (unless ``strict``) the nearest available
+    minor version, the newer on a tie; a PrepareError naming what to install otherwise."""
+    found = find_python(version)
+    if found:
+        return found, version
+    hint = f"install it (pyenv install {version}, or uv python install {version})"
+    if strict:
+        raise PrepareError(f"{where}: python: {version} is not available here (pyenv, uv, PATH); {hint}")
+    available = {v: p for v in PYTHON_MINORS if (p := find_python(v))}
+    if not available:
+        raise PrepareError(f"{where}: python: no Python 3 interpreter found (wanted {version}); {hint}")
+    want = _minor(version)
+    best = min(available, key=lambda v: (abs(_minor(v) - want), -_minor(v)))
+    log.warning("%s: Python %s is not available; using the nearest, %s (%s); %s", where, version, best,
+                available[best], hint)
+    return available[best], best
+
+
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
+# ===================================================================== commands
+def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, what: str) -> float:
+    """Run one install command with the venv first on ``PATH``; its seconds, or a PrepareError
+    naming ``what`` with the output's tail."""
+    env = {**os.environ, "PATH": f"{env_dir}/bin:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": env_dir,
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1"}
+    # pip compiles bytecode only when allowed; the sandbox's venv is read-only, so modules without
+    # it compile at every import, and a DeprecationWarning of that compile fails the run under
+    # ``filterwarnings = error`` (as the harness's env, which has the bytecode, never does)
+    for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE"):
+        env.pop(name, None)
+    start = time.monotonic()
+    try:
+        res = subprocess.run(command, cwd=cwd, env=env, shell=isinstance(command, str), capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise PrepareError(f"{what}: timed out after {timeout_s:.0f} s") from None
+    if res.returncode != 0:
+        tail = (res.stdout + res.stderr).strip().splitlines()[-15:]
+        shown = command if isinstance(command, str) else shlex.join(command)
+        raise PrepareError(f"{what}: `{shown}` exited {res.returncode}:\n" + "\n".join(tail))
+    return time.monotonic() - start
+
+
+def _pip(env_dir: str, args: Sequence[str], config: PrepareConfig, what: str) -> float:
+    return _run([f"{env_dir}/bin/python", "-m", "pip", "install", *config.pip_args, *args], env_dir, env_dir,
+                config.command_timeout_s, what)
+
+
+def requirements(repo_path: str, repo: str, commit: str, paths: Sequence[str], where: str) -> list[str]:
+    """The lines of the first of ``paths`` that exists at ``commit``, ``-r`` includes inlined
+    and the repository itself (``-e .``, ``.``) left out, as the harness does."""
+    for path in paths:
+        if _exists(repo_path, commit, path):
+            return _requirement_lines(repo_path, commit, path)
+    raise PrepareError(f"{where}: packages: none of the requirement files {list(paths)} of {repo} exists at {commit[:12]}")
+
+
+def _exists(repo_path: str, commit: str, path: str) -> bool:
+    res = subprocess.run(["git", "-C", repo_path, "cat-file", "-e", f"{commit}:{path}"], capture_output=True, timeout=60)
+    return res.returncode == 0
+
+
+def _requirement_lines(repo_path: str, commit: str, path: str) -> list[str]:
+    out = []
+    for line in _git(repo_path, "show", f"{commit}:{path}").decode().splitlines():
+        line = line.strip()
+        if line.startswith("-r"):
+            included = os.path.normpath(os.path.join(os.path.dirname(path), line[2:].strip()))
+            out += _requirement_lines(repo_path, commit, included)
+        elif line and not line.startswith(("#", "-e .", "-e.", ".[test")) and line != ".":
+            out.append(line)
+    return out
+
+
+# ===================================================================== environments
+def env_key(repo: str, version: str) -> str:
+    return f"{repo.replace('/', '__')}@{version}"
+
+
+def _read_stamp(folder: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(folder, STAMP), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_stamp(folder: str, record: Mapping[str, Any]) -> None:
+    tmp = os.path.join(folder, STAMP + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(folder, STAMP))
+
+
+def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[str, Any], repo_path: str,
+              config: PrepareConfig, where: str) -> dict[str, Any]:
+    """The venv of the row's (repo, version), reused when stamped; its record (python, commands)."""
+    env_dir = os.path.join(os.path.abspath(config.envs_root), "envs", env_key(row["repo"], row["version"]))
+    stamp = _read_stamp(env_dir)
+    if stamp is not None and os.path.exists(stamp.get("python", "")):
+        return {**stamp, "reused": True}
+    if os.path.exists(env_dir):  # an interrupted build: start again
+        shutil.rmtree(env_dir)
+    interpreter, used = choose_python(str(spec.get("python", "3")), config.strict_python, where)
+    record: dict[str, Any] = {"python_requested": str(spec.get("python")), "python_version": used,
+                              "base_interpreter": interpreter, "python": os.path.join(env_dir, "bin", "python"),
+                              "commands": [], "env_dir": env_dir}
+    start = time.monotonic()
+    _run([interpreter, "-m", "venv", env_dir], config.envs_root, env_dir, config.command_timeout_s, f"{where}: venv")
+    for args in _package_installs(row, spec, harness, repo_path, env_dir, where):
+        _pip(env_dir, args, config, f"{where}: pip install")
+        record["commands"].append(shlex.join(["pip", "install", *args]))
+    record["build_s"] = round(time.monotonic() - start, 1)
+    _write_stamp(env_dir, record)
+    return {**record, "reused": False}
+
+
+def _package_installs(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[str, Any], repo_path: str,
+                      env_dir: str, where: str) -> list[list[str]]:
+    """The ``pip install`` argument lists of the spec's ``packages`` then ``pip_packages``."""
+    out = []
+    packages = spec.get("packages") or ""
+    if packages == "requirements.txt":
+        commit = row.get("environment_setup_commit") or row["base_commit"]
+        lines = requirements(repo_path, row["repo"], commit, harness["reqs_paths"].get(row["repo"], []), where)
+        path = os.path.join(env_dir, "requirements.txt")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        out.append(["-r", path])
+    elif packages == "environment.yml":
+        raise PrepareError(f"{where}: packages: the harness builds {row['repo']}@{row['version']} from a conda "
+                           "environment.yml, which a venv cannot reproduce; use the SWE-bench images (--swebench-images)")
+    elif packages.strip():  # conda's ``name=1.2`` is pip's ``name==1.2``
+        out.append([re.sub(r"^([A-Za-z0-9_.\-\[\]]+)=(?!=)", r"\1==", p) for p in packages.split()])
+    if spec.get("pip_packages"):
+        out.append(list(spec["pip_packages"]))
+    return out
+
+
+# ===================================================================== instances
+def checkout(repo_path: str, commit: str, dest: str, where: str) -> None:
+    """A detached git work tree of ``repo_path`` at ``commit`` in ``dest`` (a fresh one)."""
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+        _git(repo_path, "worktree", "prune")
+    try:
+        _git(repo_path, "worktree", "add", "--detach", "--force", dest, commit)
+    except SWEBenchError as exc:
+        raise PrepareError(f"{where}: base_commit: {exc}") from None
+
+
+def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any], repo_path: str,
+                     config: PrepareConfig, where: str) -> dict[str, Any]:
+    """The row's work tree at ``base_commit`` with the spec's install step run and moved to the
+    sandbox's work dir; reused when stamped at the same commit with the same environment."""
+    dest = os.path.join(os.path.abspath(config.envs_root), "checkouts", row["instance_id"])
+    stamp = _read_stamp(dest)
+    if stamp is not None and stamp.get("base_commit") == row["base_commit"] and stamp.get("env_built_at") == env.get("build_s"):
+        return {**stamp, "reused": True}
+    start = time.monotonic()
+    checkout(repo_path, row["base_commit"], dest, where)
+    record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
+                              "env_built_at": env.get("build_s")}
+    for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
+        if command.strip().startswith(SKIPPED_PREFIXES):
+            record["skipped"].append(command)
+            continue
+        _run(command, dest, env["env_dir"], config.command_timeout_s, f"{where}: install")
+        record["commands"].append(command)
+    record["relocated"] = relocate_install(env["env_dir"], dest, config.workdir)
+    record["generated_files"] = generated(dest)
+    record["install_s"] = round(time.monotonic() - start, 1)
+    _write_stamp(dest, record)
+    return {**record, "reused": False}
+
+
+def _commands(value: str | Sequence[str] | None) -> list[str]:
+    if not value:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def relocate_install(env_dir: str, tree: str, workdir: str) -> list[str]:
+    """Point what an install wrote into the venv at ``tree`` (editable ``.pth`` and finder files,
+    ``egg-link``s, ``direct_url.json``) to ``workdir`` instead; the files changed."""
+    changed = []
+    for site in glob.glob(os.path.join(env_dir, "lib", "python*", "site-packages")):
+        names = [n for n in os.listdir(site) if n.endswith((".pth", ".egg-link")) or n.startswith("__editable__")]
+        names += [os.path.relpath(p, site) for p in glob.glob(os.path.join(site, "*.dist-info", "direct_url.json"))]
+        for name in names:
+            path = os.path.join(site, name)
+            if not os.path.isfile(path):
+                continue
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            if tree not in text:
+                continue
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text.replace(tree, workdir))
+            changed.append(name)
+        shutil.rmtree(os.path.join(site, "__pycache__"), ignore_errors=True)  # a finder's stale bytecode
+    return sorted(changed)
+
+
+def generated(tree: str, max_bytes: int = 1_000_000) -> list[str]:
+    """Untracked text files of the work tree (ignored ones too) that the install step wrote."""
+    listed = _git(tree, "ls-files", "-z", "--others", "--exclude-standard", "--ignored", "--directory", "--no-empty-directory")
+    listed += _git(tree, "ls-files", "-z", "--others", "--exclude-standard")
+    out = set()
+    for rel in (p for p in listed.decode().split("\0") if p):
+        for path in _walk(os.path.join(tree, rel)):
+            name = os.path.relpath(path, tree)
+            if not any(part in name or name.startswith(part) for part in GENERATED_SKIP) and _is_text(path, max_bytes):
+                out.add(name)
+    return sorted(out)
+
+
+def _walk(path: str) -> list[str]:
+    if os.path.isfile(path) and not os.path.islink(path):
+        return [path]
+    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files if not os.path.islink(os.path.join(d, f))]
+
+
+def _is_text(path: str, max_bytes: int) -> bool:
+    if os.path.getsize(path) > max_bytes:
+        return False
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        return "\0" not in data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+
+
+# ===================================================================== rows -> specs.json
+def test_command(test_cmd: str | Sequence[str] | None) -> str | None:
+    """The loader's template for the harness's ``test_cmd``: ``pytest ARGS`` runs as
+    ``{python} -m pytest ARGS -p no:cacheprovider {test_files}``; other runners get the files
+    appended; the last of a list is the test command (None: the loader's default)."""
+    if not test_cmd:
+        return None
+    cmd = test_cmd if isinstance(test_cmd, str) else list(test_cmd)[-1]
+    if cmd.split()[0] == "pytest":
+        return "{python} -m pytest " + " ".join(cmd.split()[1:] + ["-p", "no:cacheprovider", "{test_files}"])
+    return cmd + " {test_files}"
+
+
+def _row_where(where: str, row: Mapping[str, Any]) -> str:
+    return f"{where}: {row.get('instance_id') or '<no instance_id>'}"
+
+
+def _check_row(row: Mapping[str, Any], where: str, repos_root: str) -> str:
+    """The row's repository path; a PrepareError naming the field at fault."""
+    for key in ("instance_id", "repo", "base_commit", "version"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            raise PrepareError(f"{where}: {key}: missing or empty (a string is needed to prepare the environment)")
+    repo_path = os.path.join(repos_root, row["repo"].replace("/", "__"))
+    if not os.path.isdir(repo_path):
+        raise PrepareError(f"{where}: repo: no git repository for {row['repo']} at {repo_path} "
+                           "(clone it there with its full history)")
+    if not is_commit(repo_path, row["base_commit"]):
+        raise PrepareError(f"{where}: base_commit: {row['base_commit']} is not a commit of {repo_path} "
+                           "(fetch the repository's full history)")
+    return repo_path
+
+
+def _select(located: list[tuple[str, dict[str, Any]]], ids: Sequence[str] | None, path: str) -> list[tuple[str, dict[str, Any]]]:
+    if ids is None:
+        return located
+    chosen = [(w, r) for w, r in located if r.get("instance_id") in set(ids)]
+    missing = sorted(set(ids) - {r.get("instance_id") for _, r in chosen})
+    if missing:
+        raise PrepareError(f"instance ids not in {path}: {missing}")
+    return chosen
+
+
+def prepare(rows_path: str, config: PrepareConfig) -> PrepareReport:
+    """Environments and work trees for the rows of ``rows_path`` (see the module docstring).
+    A row whose environment or install fails is listed in ``failed`` with the reason; the others
+    are prepared. Bad rows or a missing harness spec source raise :class:`PrepareError`."""
+    located = _select(read_located_rows(rows_path), config.instance_ids, rows_path)
+    harness = harness_specs(config.harness_python, config.harness_specs)
+    os.makedirs(config.envs_root, exist_ok=True)
+    report = PrepareReport(specs_path=os.path.join(config.envs_root, "specs.json"),
+                           manifest_path=os.path.join(config.envs_root, "manifest.json"))
+    checked = [(w := _row_where(where, row), row, _check_row(row, w, config.repos_root)) for where, row in located]
+    envs: dict[str, dict[str, Any] | PrepareError] = {}
+    for where, row, repo_path in checked:
+        try:
+            spec = env_spec(harness, row["repo"], row["version"], where)
+            key = env_key(row["repo"], row["version"])
+            if key not in envs:
+                envs[key] = _env_or_error(row, spec, harness, repo_path, config, where)
+            env = envs[key]
+            if isinstance(env, PrepareError):
+                raise PrepareError(f"{where}: the environment {key} failed: {env}")
+            inst = install_instance(row, spec, env, repo_path, config, where)
+        except PrepareError as exc:
+            log.error("%s", exc)
+            report.failed[row["instance_id"]] = str(exc)
+            continue
+        report.prepared[row["instance_id"]] = _instance_record(row, spec, env, inst)
+    _write_outputs(report)
+    return report
+
+
+def _env_or_error(row, spec, harness, repo_path, config, where) -> dict[str, Any] | PrepareError:
+    try:
+        return build_env(row, spec, harness, repo_path, config, where)
+    except PrepareError as exc:
+        return exc
+
+
+def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any],
+                     inst: Mapping[str, Any]) -> dict[str, Any]:
+    return {"repo": row["repo"], "version": row["version"], "env": env_key(row["repo"], row["version"]),
+            "python": env["python"], "python_requested": env["python_requested"],
+            "python_version": env["python_version"], "python_fallback": env["python_requested"] != env["python_version"],
+            "test_command": test_command(spec.get("test_cmd")), "env_commands": env["commands"],
+            "env_build_s": env.get("build_s"), "env_reused": env["reused"], **{k: inst[k] for k in (
+                "checkout", "commands", "skipped", "relocated", "generated_files", "install_s", "reused")}}
+
+
+def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``--swebench-specs`` entries: per ``owner/name@version`` the venv's python and the test
+    command, per instance its work tree and generated files."""
+    out: dict[str, dict[str, Any]] = {}
+    for iid, rec in prepared.items():
+        env = {"python": rec["python"]}
+        if rec.get("test_command"):
+            env["test_command"] = rec["test_command"]
+        out[f"{rec['repo']}@{rec['version']}"] = env
+        out[iid] = {"checkout": rec["checkout"], "generated_files": list(rec["generated_files"])}
+    return out
+
+
+def _write_outputs(report: PrepareReport) -> None:
+    """Merge into the existing ``specs.json`` and ``manifest.json`` (earlier runs' instances stay)."""
+    manifest = _load_json(report.manifest_path) or {"instances": {}, "failed": {}}
+    manifest["instances"].update(report.prepared)
+    for iid in report.prepared:
+        manifest["failed"].pop(iid, None)
+    manifest["failed"].update(report.failed)
+    _write_json(report.manifest_path, manifest)
+    _write_json(report.specs_path, specs_entries(manifest["instances"]))
+
+
+def _load_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+
+
+def _write_json(path: str, value: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(value, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
