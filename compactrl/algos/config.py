@@ -350,11 +350,17 @@ class DistributedConfig:
     """Envs (and sandboxes) each worker steps in lock-step, with one batched generation per round."""
     start_timeout_s: float = 120.0
     """Seconds a rollout worker may take to start (or restart after dying) before the run stops with an error."""
+    num_engines: int = 0
+    """Shared inference engine actors (1 CPU each) that generate for the rollout workers, worker ``w`` on
+    engine ``w mod num_engines`` (0: every worker generates with its own copy of the policy)."""
 
     def __post_init__(self) -> None:
         _check(self.num_rollout_workers >= 0, "distributed.num_rollout_workers", ">= 0", self.num_rollout_workers)
         _check(self.envs_per_worker >= 1, "distributed.envs_per_worker", ">= 1", self.envs_per_worker)
         _check(self.start_timeout_s > 0, "distributed.start_timeout_s", "> 0", self.start_timeout_s)
+        _check(self.num_engines >= 0, "distributed.num_engines", ">= 0", self.num_engines)
+        _check(not self.num_engines or self.num_rollout_workers, "distributed.num_engines",
+               "0 without rollout workers (distributed.num_rollout_workers > 0)", self.num_engines)
 
 
 @dataclass(frozen=True)

@@ -363,7 +363,8 @@ def ray_collector(cfg: TrainConfig, policy, *, pad_id: int):
         make_env_fns(cfg.env, split="train", count=d.envs_per_worker), functools.partial(worker_policy, cfg.to_json()),
         num_workers=d.num_rollout_workers, episodes_per_batch=cfg.rl.episodes_per_iter,
         group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, seed=cfg.seed + 1, pad_id=pad_id,
-        give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s)
+        give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s,
+        num_engines=d.num_engines)
 
 
 def worker_policy(cfg_json: str, index: int):

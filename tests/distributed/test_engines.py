@@ -225,3 +225,13 @@ def test_a_vllm_engine_loads_a_published_state_dict_under_checkpoint_names(tmp_p
 def test_a_vllm_engine_without_vllm_says_how_to_get_it(tmp_path):
     with pytest.raises(ImportError, match=r"pip install 'compactrl\[vllm\]'"):
         vllm_engine(str(tmp_path), 0)
+
+
+def test_engines_without_rollout_workers_are_a_config_error():
+    from compactrl.algos.config import DistributedConfig
+
+    with pytest.raises(ValueError, match="distributed.num_engines"):
+        DistributedConfig(num_engines=1)
+    with pytest.raises(ValueError, match="distributed.num_engines"):
+        DistributedConfig(num_rollout_workers=2, num_engines=-1)
+    assert DistributedConfig(num_rollout_workers=2, num_engines=1).num_engines == 1

@@ -90,17 +90,20 @@ def test_local_ray_and_a_collector_leave_nothing_behind():
 
 
 @pytest.mark.slow
-def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind():
+@pytest.mark.parametrize("workers,engines", [(2, 0), (1, 1)], ids=["workers", "worker+engine"])
+def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind(workers, engines):
     import json
 
     tmp = _short_tmp()
     shm_before = _shm()
     out = _run([sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--ray",
-                "--distributed.num_rollout_workers", "2", "--distributed.envs_per_worker", "1",
-                "--rl.iterations", "1", "--out", f"{tmp}/run", "--no-progress"], tmp)
+                "--distributed.num_rollout_workers", str(workers), "--distributed.envs_per_worker", "1",
+                "--distributed.num_engines", str(engines), "--rl.iterations", "1", "--out", f"{tmp}/run",
+                "--no-progress"], tmp)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["train/rollout_workers"] == 2.0 and rows[-1]["train/episodes"] >= 1
+    assert rows[-1]["train/rollout_workers"] == workers and rows[-1]["train/episodes"] >= 1
+    assert rows[-1].get("train/engines", 0.0) == engines
     _check_nothing_left(tmp, shm_before)
     shutil.rmtree(tmp)
 

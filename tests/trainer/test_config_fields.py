@@ -95,6 +95,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rollout.command_timeout_s": (AGENT, 3.0),
     "distributed.envs_per_worker": ({"distributed.num_rollout_workers": 1}, 3),
     "distributed.start_timeout_s": ({"distributed.num_rollout_workers": 1}, 5.0),
+    "distributed.num_engines": ({"distributed.num_rollout_workers": 1}, 1),
 }
 
 
@@ -247,7 +248,8 @@ def probe_distributed(cfg: TrainConfig) -> Any:
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)  # the Ray collector starts its workers at the first batch: no Ray needed here
     c = r.collector
-    out = type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())), getattr(c, "start_timeout_s", None)
+    out = (type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())),
+           getattr(c, "start_timeout_s", None), getattr(c, "num_engines", None))
     c.shutdown()
     return out
 
