@@ -13,6 +13,8 @@ from loader_helpers import FIXTURES, TB_TASK
 from compactrl.cli import main
 from compactrl.envs.loaders import load_tasks
 from compactrl.envs.loaders.terminal_bench import (
+    _TESTS_IN,
+    _TESTS_OUT,
     TESTS_DIR,
     TerminalBenchConfig,
     TerminalBenchError,
@@ -35,7 +37,8 @@ def test_folder_becomes_a_task() -> None:
     assert sorted(task.check.hidden_files) == [".tbench_run/run-tests.sh", f"{TESTS_DIR}/test_outputs.py"]
     assert task.check.kind == "pytest" and task.check.must_pass == ()
     # graded by its own run-tests.sh (it needs no network), read with pytest's -rA parser
-    assert task.check.command == f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; bash .tbench_run/run-tests.sh'
+    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; {_TESTS_IN}'
+                                  f" bash .tbench_run/run-tests.sh; {_TESTS_OUT}")
     assert task.metadata["workdir"] == "/app"  # the Dockerfile's WORKDIR
     assert "grep -c ' ERROR '" in task.metadata["solution_sh"]
     assert task.metadata["terminal_bench"]["difficulty"] == "easy"
@@ -46,8 +49,8 @@ def test_options_and_folder_of_folders() -> None:
     problems: list[str] = []
     tasks = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg, problems)
     task = tasks[0]
-    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; py3 -m pytest -rA'
-                                  f" -p no:cacheprovider {TESTS_DIR}")
+    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; {_TESTS_IN} py3 -m pytest'
+                                  f" -rA -p no:cacheprovider {TESTS_DIR}; {_TESTS_OUT}")
     assert "workdir" not in task.metadata and task.docker_image == "tb:latest"
     assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == [
         "count-errors", "decode-payload", "sum-numbers"]
@@ -85,9 +88,12 @@ def test_bad_folders_raise_clear_errors(tmp_path, edit, message: str) -> None:
 
 def test_gold_succeeds_and_noop_fails(backend: str) -> None:
     task = load_task_dir(TB_TASK)
-    gold = run_task(task, GoldPolicy(), backend)
+    # docker builds the task's image from its Dockerfile; its t-bench base is replaced by the default image
+    kwargs = {"base_images": {"ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest": "compactrl-sandbox:latest"}}
+    kwargs = kwargs if backend == "docker" else None
+    gold = run_task(task, GoldPolicy(), backend, sandbox_kwargs=kwargs)
     assert gold["success"] and gold["info"]["test_summary"].startswith("Tests: 3 passed, 0 failed"), gold
-    noop = run_task(task, NoopPolicy(), backend)
+    noop = run_task(task, NoopPolicy(), backend, sandbox_kwargs=kwargs)
     assert not noop["success"] and noop["sandbox_error"] is None, noop
     assert noop["info"]["test_summary"].startswith("Tests: 0 passed, 3 failed"), noop
 

@@ -23,14 +23,19 @@ and what is honoured. In short:
   when the script installs packages from the network (the sandboxes have none), saying so in
   ``metadata["grading_note"]``; ``"script"`` and ``"pytest"`` force one.
 * ``solution.sh`` / ``solution.yaml``'s commands / ``solution/solve.sh`` -> ``metadata["solution_sh"]``.
+* The Dockerfile and its build context -> ``metadata["image_build"]``: the docker backend builds the
+  task's own image from them (cached by content digest) and runs the task in it; the local backend
+  mounts private writable folders at ``metadata["writable_paths"]`` (``/root``, ``/logs``, ...).
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +49,10 @@ TESTS_DIR = ".tbench_tests"
 RUN_DIR = ".tbench_run"
 LOGS_DIR = ".tbench_logs"
 GRADINGS = ("auto", "script", "pytest")
+# Writable places outside the work dir that task images give (a solution writing /root/x or
+# /logs/y): the local backend mounts a private tmpfs at each; a task image has them anyway.
+WRITABLE_PATHS = ("/root", "/home", "/opt", "/srv", "/mnt", "/var/tmp", "/var/log", "/logs", "/output", "/data",
+                  "/tests", "/solution")
 # A test script that fetches packages cannot run offline (the harness's images have the network).
 _NEEDS_NETWORK = re.compile(r"\b(curl|wget|apt-get|apk add|pip3? install|uv (add|pip|sync|init|venv|tool)|uvx)\b")
 _ABS_TESTS = re.compile(r"(?<![\w./])/tests(?=/|\b)")
@@ -115,16 +124,25 @@ def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | No
     return "script", None
 
 
+# Test files that name /tests in code (``open("/tests/data/x")``) are not rewritten: where /tests can
+# be made (a task image's writable root, the local backend's writable /tests) the tests are copied
+# there for the run and removed after it, as the harness puts them there.
+_TESTS_IN = ('__tbt=0; if { mkdir /tests || { [ -w /tests ] && [ -z "$(ls -A /tests)" ]; }; } 2>/dev/null;'
+             ' then cp -rT "$TEST_DIR" /tests 2>/dev/null && __tbt=1; fi;')
+_TESTS_OUT = '__tbrc=$?; [ $__tbt = 1 ] && rm -rf /tests/* /tests/.[!.]* 2>/dev/null; exit $__tbrc'
+
+
 def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str) -> Check:
     env = f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}";'
     if mode == "pytest":
-        command = f"{env} {shlex.quote(config.python)} -m pytest -rA -p no:cacheprovider {TESTS_DIR}"
-        return Check(kind="pytest", command=command, hidden_files=hidden, timeout_s=spec.test_timeout_s)
-    if spec.version == 1:
-        return Check(kind="pytest", command=f"{env} bash {RUN_DIR}/run-tests.sh", hidden_files=hidden,
+        command = f"{env} {_TESTS_IN} {shlex.quote(config.python)} -m pytest -rA -p no:cacheprovider {TESTS_DIR}"
+        return Check(kind="pytest", command=f"{command}; {_TESTS_OUT}", hidden_files=hidden,
                      timeout_s=spec.test_timeout_s)
-    return Check(kind="script", command=_reward_command(env, config.python), hidden_files=hidden,
-                 timeout_s=spec.test_timeout_s)
+    if spec.version == 1:
+        return Check(kind="pytest", command=f"{env} {_TESTS_IN} bash {RUN_DIR}/run-tests.sh; {_TESTS_OUT}",
+                     hidden_files=hidden, timeout_s=spec.test_timeout_s)
+    return Check(kind="script", command=f"{_reward_command(env + ' ' + _TESTS_IN, config.python)}; {_TESTS_OUT}",
+                 hidden_files=hidden, timeout_s=spec.test_timeout_s)
 
 
 def _reward_command(env: str, python: str) -> str:
@@ -139,6 +157,32 @@ def _reward_command(env: str, python: str) -> str:
             " awk -v r=\"$R\" 'BEGIN { exit !(r != \"\" && r + 0 >= 1) }'")
 
 
+def _solution_with_files(spec: TaskSpec, limit: int) -> str | None:
+    """2.x ``solve.sh`` with the other ``solution/`` files first written to ``/solution``, where the
+    harness puts the folder (``cp /solution/solve.py /app``): as base64 here-documents, binary-safe."""
+    folder = os.path.join(spec.folder, "solution")
+    if spec.version != 2 or spec.solution is None or not os.path.isdir(folder):
+        return spec.solution
+    if sorted(os.listdir(folder)) == ["solve.sh"]:
+        return spec.solution
+    # where /solution cannot be made (a read-only root) the script runs without it
+    lines = ["if mkdir -p /solution 2>/dev/null; then"]
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, folder).replace(os.sep, "/")
+            if os.path.getsize(path) > limit:
+                raise TerminalBenchError(f"{path}: solution: larger than max_file_bytes")
+            with open(path, "rb") as fh:
+                data = base64.b64encode(fh.read()).decode()
+            dest = shlex.quote(f"/solution/{rel}")
+            mode = "0755" if os.access(path, os.X_OK) or rel.endswith(".sh") else "0644"
+            lines += [f"mkdir -p \"$(dirname {dest})\" && base64 -d > {dest} <<'__TB_SOLUTION_FILE__'",
+                      *textwrap.wrap(data, 76), "__TB_SOLUTION_FILE__", f"chmod {mode} {dest}"]
+    return "\n".join([*lines, "fi"]) + "\n" + spec.solution
+
+
 def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Task:
     """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring)."""
     config = config or TerminalBenchConfig()
@@ -148,7 +192,7 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     mode, note = _grading(spec, config)
     meta: dict[str, Any] = {
         "terminal_bench": {**spec.info, "version": spec.version},
-        "solution_sh": spec.solution,
+        "solution_sh": _solution_with_files(spec, config.max_file_bytes),
         "task_dir": os.path.abspath(folder),
         "skipped_files": skipped,
         "image_only": facts.image_only,
@@ -159,6 +203,9 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
         meta["grading_note"] = note
     if config.use_dockerfile_workdir and facts.workdir:
         meta["workdir"] = facts.workdir
+    if spec.dockerfile:  # the docker backend builds the task's own image from it (unless given one)
+        meta["image_build"] = {"context": os.path.abspath(spec.context), "dockerfile": os.path.abspath(spec.dockerfile)}
+    meta["writable_paths"] = list(WRITABLE_PATHS)
     return Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
                 files=files, check=_check(spec, config, hidden, mode), max_turns=config.max_turns,
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,

@@ -16,10 +16,13 @@ Files move in and out with ``put_archive`` / ``get_archive``; commands run with 
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import io
 import logging
 import os
 import posixpath
+import re
 import socket
 import tarfile
 import threading
@@ -98,8 +101,10 @@ class DockerSandboxConfig:
     """Size of the work dir tmpfs (when the work dir is filled from the task, not from the image)."""
     read_only_root: bool | None = None
     """Read-only root file system; None: yes, unless the task's repo lives in the image (workdir set)."""
-    drop_capabilities: bool = True
-    """Drop every Linux capability (root in the container can then not chown, mount, ...)."""
+    drop_capabilities: bool | None = None
+    """Drop every Linux capability (root in the container can then not chown, mount, ...). None:
+    yes, except in a task image built from its Dockerfile, which keeps the engine's default set as
+    the harness runs it (its solutions ``mkdir /solution``, ``chmod``, ``apt-get``... as root)."""
     user: str | None = None
     """User to run as (``uid[:gid]``); None: the image's default."""
     pull: bool = False
@@ -108,13 +113,33 @@ class DockerSandboxConfig:
     """Timeout of one engine API call that is not a command (create, archive, remove)."""
     reap_stale: bool = True
     """On start, remove labelled containers whose owner process on this host has died."""
+    build_images: bool = True
+    """Build (or reuse) a task's own image from ``metadata["image_build"]`` (a Terminal-Bench
+    task's Dockerfile and build context) when it names no ``docker_image``; cached by a content
+    digest, so an unchanged task is built once per engine."""
+    base_images: tuple[tuple[str, str], ...] = ()
+    """Substitutes for base images (``FROM``) the engine lacks, as ``{"python:3.13-slim":
+    "my-local-python:3.13"}`` or pairs: a build uses the substitute in their place."""
+    build_network: str | None = None
+    """Network mode of image builds (``"host"``, ``"none"``...; None: the engine's default). The
+    running container has no network whatever this is."""
+    build_timeout_s: float = 1800.0
+    """Limit of one image build, in seconds (a read of the engine's build log that waits longer fails)."""
 
     def __post_init__(self) -> None:
+        pairs = self.base_images.items() if isinstance(self.base_images, dict) else self.base_images
+        try:
+            pairs = tuple(sorted((str(a), str(b)) for a, b in pairs))
+        except (TypeError, ValueError):
+            raise ValueError(f"base_images must map image names to image names, got {self.base_images!r}") from None
+        if any(not a or not b for a, b in pairs):
+            raise ValueError(f"base_images must map non-empty image names, got {self.base_images!r}")
+        object.__setattr__(self, "base_images", pairs)
         if not isinstance(self.image, str) or not self.image:
             raise ValueError(f"image must be a non-empty image name, got {self.image!r}")
         if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
             raise ValueError(f"workdir must be an absolute path other than /, /tmp, /proc, /dev; got {self.workdir!r}")
-        for name in ("timeout_s", "cpus", "engine_timeout_s"):
+        for name in ("timeout_s", "cpus", "engine_timeout_s", "build_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("output_limit_bytes", "test_output_limit_bytes", "memory_bytes", "max_processes",
@@ -191,6 +216,146 @@ def reap_stale_containers(client, host: str | None = None) -> list[str]:
     return removed
 
 
+# ------------------------------------------------------------------------------ task images
+_BUILT_DOCKERFILE = ".compactrl.Dockerfile"
+_build_locks: dict[str, threading.Lock] = {}
+
+
+def dockerfile_bases(text: str) -> list[tuple[int, str]]:
+    """``(line index, image)`` of each ``FROM`` naming an image (not an earlier stage, not ``scratch``)."""
+    out, stages = [], {"scratch"}
+    for i, line in enumerate(text.splitlines()):
+        words = line.split()
+        if len(words) < 2 or words[0].upper() != "FROM":
+            continue
+        words = [w for w in words[1:] if not w.startswith("--")]
+        if len(words) >= 3 and words[1].upper() == "AS":
+            stages.add(words[2].lower())
+        if words and words[0].lower() not in stages:
+            out.append((i, words[0]))
+    return out
+
+
+def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engine: str | None) -> tuple[str, list[str]]:
+    """The Dockerfile with substitutes in place of mapped bases, and the image ids of its bases.
+
+    A base the engine lacks is pulled only with ``pull=True``; otherwise a SandboxError names it.
+    """
+    import docker
+
+    lines, ids, mapping = text.splitlines(), [], dict(cfg.base_images)
+    for i, base in dockerfile_bases(text):
+        if "$" in base:  # set by a build ARG: only the build can tell
+            continue
+        wanted = mapping.get(base, base)
+        try:
+            image = client.images.get(wanted)
+        except docker.errors.ImageNotFound:
+            if not cfg.pull:
+                via = f" (substitute for {base!r})" if wanted != base else ""
+                raise SandboxError(
+                    f"{where}: base image {wanted!r}{via} is not on the engine ({engine}); pull it "
+                    f"(docker pull {wanted}), or map it to a local image with base_images={{{base!r}: 'IMAGE'}} "
+                    "(--sandbox-kwargs), or pass pull=True") from None
+            log.info("pulling base image %s", wanted)
+            image = client.images.pull(wanted)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"{where}: engine error while looking up base image {wanted!r}: {e}") from e
+        ids.append(image.id)
+        if wanted != base:  # the engine's own name for it (Podman: localhost/...), so no registry is asked
+            name = next((t for t in image.tags if t == wanted or t.endswith("/" + wanted)), image.id)
+            lines[i] = lines[i].replace(base, name, 1)
+    return "\n".join(lines) + "\n", ids
+
+
+def _context_files(context: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(context):
+        dirnames.sort()
+        out += [os.path.join(dirpath, n) for n in sorted(filenames)]
+    return out
+
+
+def _context_tar(context: str, dockerfile: str) -> tuple[bytes, str]:
+    """The build context as a tar (modes kept) with ``dockerfile`` added, and its content digest."""
+    digest, buf = hashlib.sha256(dockerfile.encode()), io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in _context_files(context):
+            rel = os.path.relpath(path, context).replace(os.sep, "/")
+            info = tar.gettarinfo(path, arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0  # the digest and the engine's layer cache depend on content only
+            digest.update(f"\0{rel}\0{info.mode:o}\0{info.linkname}\0".encode())
+            if info.isreg():
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                digest.update(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+        info = tarfile.TarInfo(_BUILT_DOCKERFILE)
+        data = dockerfile.encode()
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), digest.hexdigest()
+
+
+def task_image_tag(task_id: str, digest: str) -> str:
+    slug = re.sub(r"[^a-z0-9._-]+", "-", str(task_id).lower()).strip("-._")[:60] or "task"
+    return f"compactrl-task/{slug}:{digest[:24]}"
+
+
+def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig, engine: str | None = None) -> str:
+    """Tag of the task's image, built from ``build = {"context": DIR, "dockerfile": PATH}`` unless an
+    image with the same content digest (context files and modes, Dockerfile, base image ids) exists."""
+    context, path = str(build.get("context") or ""), str(build.get("dockerfile") or "")
+    if not os.path.isdir(context) or not os.path.isfile(path):
+        raise SandboxError(f"task {task_id}: image_build needs an existing context folder and Dockerfile, got {build!r}")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text, ids = _resolve_bases(client, fh.read(), cfg, path, engine)
+    data, digest = _context_tar(context, text)
+    tag = task_image_tag(task_id, hashlib.sha256(("\0".join([digest, *ids])).encode()).hexdigest())
+    with _reap_lock:
+        lock = _build_locks.setdefault(tag, threading.Lock())
+    with lock:  # two episodes of one task build it once
+        try:
+            client.images.get(tag)
+            return tag
+        except Exception:  # not built yet (ImageNotFound) or unreadable: build
+            pass
+        started = time.monotonic()
+        _run_build(client, data, tag, cfg, path)
+        log.info("built %s for task %s in %.1f s", tag, task_id, time.monotonic() - started)
+    return tag
+
+
+def _run_build(client, data: bytes, tag: str, cfg: DockerSandboxConfig, where: str) -> None:
+    import docker
+    import requests
+
+    tail: collections.deque[str] = collections.deque(maxlen=25)
+    error = None
+    try:
+        stream = client.api.build(fileobj=io.BytesIO(data), custom_context=True, dockerfile=_BUILT_DOCKERFILE,
+                                  tag=tag, rm=True, forcerm=True, pull=False, decode=True,
+                                  network_mode=cfg.build_network, timeout=int(cfg.build_timeout_s))
+        for chunk in stream:
+            if chunk.get("stream"):
+                tail.extend(line for line in chunk["stream"].splitlines() if line.strip())
+            if chunk.get("error"):
+                error = chunk["error"].strip()
+    except (docker.errors.DockerException, requests.RequestException) as e:
+        error = f"{type(e).__name__}: {e}"
+    if error is None:
+        try:
+            client.images.get(tag)
+        except docker.errors.DockerException:
+            error = "the engine reported no error but holds no image"
+    if error is not None:
+        raise SandboxError(f"{where}: building the task's image failed: {error}\n" + "\n".join(tail))
+
+
 class DockerSandbox:
     """One episode's container. See the module docstring.
 
@@ -243,13 +408,19 @@ class DockerSandbox:
                 if key not in _reaped:
                     _reaped.add(key)
                     reap_stale_containers(client)
-        in_image = bool(task.metadata.get("workdir"))
+        build = task.metadata.get("image_build") if cfg.build_images and not task.docker_image else None
+        # a task built from its own Dockerfile keeps the image's root and work dir, as the harness does
+        in_image = bool(task.metadata.get("workdir") or build)
         self._workdir = str(task.metadata.get("workdir") or cfg.workdir).rstrip("/") or cfg.workdir
         self.image = task.docker_image or cfg.image
         try:
-            self._ensure_image()
-            self._create(in_image)
-            files = {work_rel(p): file_bytes(c) for p, c in task.files.items()}
+            if build:
+                self.image = build_task_image(self._client, task.id, build, cfg, self.engine)
+            else:
+                self._ensure_image()
+            self._create(in_image, built=bool(build))
+            # a built image already holds the files, with the modes and edits of its RUN steps
+            files = {} if build else {work_rel(p): file_bytes(c) for p, c in task.files.items()}
             if files:
                 self._put(files)
             res = self._exec_raw(["bash", "--noprofile", "--norc", "-c",
@@ -281,7 +452,7 @@ class DockerSandbox:
         except docker.errors.APIError as e:
             raise SandboxError(f"engine error while looking up image {self.image!r}: {e}") from e
 
-    def _create(self, in_image: bool) -> None:
+    def _create(self, in_image: bool, built: bool = False) -> None:
         import docker
 
         cfg = self.config
@@ -300,7 +471,7 @@ class DockerSandbox:
                     "compactrl.task": str(self.task.id)[:200] if self.task else ""},
             security_opt=["no-new-privileges"], hostname="sandbox",
         )
-        if cfg.drop_capabilities:
+        if cfg.drop_capabilities or (cfg.drop_capabilities is None and not built):
             kwargs["cap_drop"] = ["ALL"]
         if cfg.user:
             kwargs["user"] = cfg.user

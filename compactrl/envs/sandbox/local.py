@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import select
 import shlex
 import shutil
@@ -97,6 +98,12 @@ class LocalSandboxConfig:
     ro_binds: tuple[str, ...] = ()
     """Extra host directories mounted read-only at the same paths (an environment's data, a
     shared wheel or model cache); ``python``'s prefix is mounted without being listed."""
+    writable_paths: tuple[str, ...] = ()
+    """Absolute folders outside the work dir that get a private writable tmpfs each (``/root``,
+    ``/logs``: where a task image lets a solution write); a task's ``metadata["writable_paths"]``
+    adds to them. Not ``/`` nor under the system folders, ``/proc``, ``/dev``, ``/tmp``."""
+    writable_bytes: int = 256 << 20
+    """Size of each tmpfs of ``writable_paths``."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", "bwrap", "unshare"):
@@ -107,7 +114,7 @@ class LocalSandboxConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("output_limit_bytes", "test_output_limit_bytes", "cpu_time_s", "memory_bytes",
-                     "max_processes", "file_size_bytes", "tmpfs_bytes"):
+                     "max_processes", "file_size_bytes", "tmpfs_bytes", "writable_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -118,6 +125,21 @@ class LocalSandboxConfig:
         bad = [p for p in self.ro_binds if not (isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p))]
         if isinstance(self.ro_binds, str) or bad:
             raise ValueError(f"ro_binds must be a list of absolute paths of existing directories, got {self.ro_binds!r}")
+        bad = [p for p in self.writable_paths if _writable_problem(p)]
+        if isinstance(self.writable_paths, str) or bad:
+            raise ValueError(f"writable_paths must be absolute folders outside /, the system folders, /proc, /dev "
+                             f"and /tmp; got {self.writable_paths!r}")
+
+
+_NOT_WRITABLE = tuple("/" + d for d in (*_SYSTEM_DIRS, "proc", "dev", "tmp", "opt/compactrl"))
+
+
+def _writable_problem(path) -> bool:
+    """True when ``path`` cannot be a private writable folder (relative, the root, or a system folder)."""
+    if not isinstance(path, str) or not path.startswith("/") or posixpath.normpath(path) == "/":
+        return True
+    path = posixpath.normpath(path)
+    return any(path == d or path.startswith(d + "/") for d in _NOT_WRITABLE)
 
 
 # ---------------------------------------------------------------------------------- isolation
@@ -296,6 +318,18 @@ class LocalSandbox:
             raise
         log.info("local sandbox for %s up (%s, %s)", task.id, self.isolation, self.session_dir)
 
+    def _writable(self) -> list[str]:
+        """The tmpfs folders of this episode: configured and the task's, minus the work dir's own."""
+        wanted = [*self.config.writable_paths, *(self.task.metadata.get("writable_paths") or () if self.task else ())]
+        out: list[str] = []
+        for path in sorted({posixpath.normpath(p) for p in wanted if isinstance(p, str)}):
+            if _writable_problem(path):
+                log.warning("writable path %r ignored (a system folder or not absolute)", path)
+            elif not (path == self._workdir or path.startswith(self._workdir + "/")
+                      or any(path.startswith(o + "/") for o in out)):
+                out.append(path)
+        return out
+
     def _make_session_dir(self) -> None:
         cfg = self.config
         self.session_dir = tempfile.mkdtemp(prefix=f"compactrl-local-{os.getpid()}-", dir=cfg.tmp_root)
@@ -401,6 +435,8 @@ class LocalSandbox:
             argv += ["--symlink", target, path]
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(cfg.tmpfs_bytes),
                  "--tmpfs", "/tmp", "--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]  # as unshare's
+        for path in self._writable():  # before the binds: a work dir or a bind may lie inside one
+            argv += ["--perms", "1777", "--size", str(cfg.writable_bytes), "--tmpfs", path]
         made: set[str] = set()
         for dest in [*binds, self._workdir, _OPT_DIR]:
             # bwrap would create missing parents as 0700 root: make them traversable for the shell
@@ -439,6 +475,8 @@ class LocalSandbox:
             'ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"',
             'mkdir -p "$R/dev/shm"; mount -t tmpfs -o mode=1777,size=16m shm "$R/dev/shm"',
         ]
+        for path in self._writable():
+            lines.append(f'mkdir -p "$R"{q(path)}; mount -t tmpfs -o mode=1777,size={cfg.writable_bytes} tmpfs "$R"{q(path)}')
         mounts = [(p, p, True) for p in binds]
         mounts += [(os.path.join(session, "work"), self._workdir, False),
                    (os.path.join(session, "opt"), _OPT_DIR, True)]

@@ -1,0 +1,181 @@
+"""Real Terminal-Bench task folders (1.x and 2.x): gold must succeed and noop must fail, on the
+docker backend (each task in its own image, built from its Dockerfile) and on the local backend.
+
+    python benchmarks/terminal_bench_real.py --tasks-root /work/data/tb/src [--backends docker,local]
+        [--only NAME,...] [--out benchmarks/results/terminal_bench_real]
+
+The folders are not vendored (benchmark data with a canary); TASKS says where each comes from.
+``docker`` needs an engine (``DOCKER_HOST``; ``scripts/ci_docker.sh`` starts Podman's) holding
+``compactrl-sandbox:latest``. Base images that cannot be pulled here (no registry but Debian's and
+PyPI) are replaced by substitutes built offline from ``compactrl-sandbox:latest`` (Debian 12,
+Python 3.11, pytest) plus Debian's pip: SUBSTITUTES says which, and the table names the
+substitute each task ran on. A task whose base has no substitute fails with the engine's message
+naming the image. Writes ``OUT.md`` (the table) and ``OUT.json`` (every record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import tarfile
+import time
+
+from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
+from compactrl.eval import run_task
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+
+# (folder under --tasks-root, where it was published)
+TASKS = [
+    *[(f"evoeval/{n}", "rese1f/terminal-bench-datasets datasets/evoeval (1.x)") for n in (0, 1, 2, 3, 6)],
+    *[(f"purple29th/{n}", "purple29th/purple29th-tbench-2 (2.x)") for n in (
+        "mobile-config-exposure-imbalance", "android-wakelock-imbalance", "android-battery-swell-pressure",
+        "aero-composite-delam-subvoxel-area", "android-sensor-deadtime-flux", "seismic-p-wave-onset-pick",
+        "android-license-keygen")],
+]
+_SUB = "compactrl-tb-substitute"
+# substitute image -> its Dockerfile (built from the default sandbox image; apt reaches Debian's mirror)
+# The host's CA bundle goes in too: where the host reaches PyPI through a proxy with its own CA, a
+# `pip install` in a task's Dockerfile then trusts what the host's pip trusts.
+SUBSTITUTE_DOCKERFILES = {
+    f"{_SUB}/python:3-slim": (
+        "FROM compactrl-sandbox:latest\n"
+        "ENV DEBIAN_FRONTEND=noninteractive PIP_BREAK_SYSTEM_PACKAGES=1\n"
+        "RUN apt-get update && apt-get install -y --no-install-recommends python3-pip python3-venv"
+        " ca-certificates curl && rm -rf /var/lib/apt/lists/*\n"
+        "COPY host-ca-bundle.crt /etc/ssl/certs/ca-certificates.crt\n"
+        "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt\n"),
+}
+SUBSTITUTE_DOCKERFILES[f"{_SUB}/t-bench-python:3-13"] = SUBSTITUTE_DOCKERFILES[f"{_SUB}/python:3-slim"] + \
+    "WORKDIR /app\n"  # Terminal-Bench's base images set WORKDIR /app
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SUBSTITUTES = {
+    "ghcr.io/laude-institute/t-bench/python-3-13:20250620": f"{_SUB}/t-bench-python:3-13",
+    "python:3.12-slim": f"{_SUB}/python:3-slim",
+    "python:3.13-slim": f"{_SUB}/python:3-slim",
+}
+
+
+def build_substitutes(client) -> None:
+    for tag, dockerfile in SUBSTITUTE_DOCKERFILES.items():
+        try:
+            client.images.get(tag)
+            continue
+        except Exception:
+            pass
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(HOST_CA_BUNDLE, arcname="host-ca-bundle.crt")
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(dockerfile.encode())
+            tar.addfile(info, io.BytesIO(dockerfile.encode()))
+        started = time.monotonic()
+        client.images.build(fileobj=io.BytesIO(buf.getvalue()), custom_context=True, tag=tag, rm=True, pull=False)
+        print(f"built substitute {tag} in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def _base(task) -> str:
+    from compactrl.envs.sandbox.docker import dockerfile_bases
+
+    build = task.metadata.get("image_build")
+    if not build:
+        return "-"
+    with open(build["dockerfile"]) as fh:
+        bases = [b for _, b in dockerfile_bases(fh.read())]
+    return ", ".join(f"{b} -> {SUBSTITUTES[b]}" if b in SUBSTITUTES else b for b in bases)
+
+
+def _episode(task, policy, backend: str, kwargs: dict) -> dict:
+    started = time.monotonic()
+    rec = run_task(task, policy, backend, sandbox_kwargs=kwargs)
+    return {"success": bool(rec["success"]), "seconds": round(time.monotonic() - started, 1),
+            "sandbox_error": rec.get("sandbox_error"), "summary": (rec.get("info") or {}).get("test_summary", "")[:600]}
+
+
+def run_docker(task, client) -> dict:
+    from compactrl.envs.sandbox.base import SandboxError
+    from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image
+
+    kwargs = {"base_images": SUBSTITUTES}
+    out: dict = {"base": _base(task)}
+    started = time.monotonic()
+    try:
+        out["image"] = build_task_image(client, task.id, task.metadata["image_build"], DockerSandboxConfig(**kwargs))
+    except SandboxError as e:
+        out.update(build_s=round(time.monotonic() - started, 1), error=str(e).splitlines()[0][:400])
+        return out
+    out["build_s"] = round(time.monotonic() - started, 1)
+    out["gold"] = _episode(task, GoldPolicy(), "docker", kwargs)
+    out["noop"] = _episode(task, NoopPolicy(), "docker", kwargs)
+    return out
+
+
+def run_local(folder: str) -> dict:
+    # the local python has no pytest plugins the images install (e.g. pytest-json-ctrf for --ctrf):
+    # 2.x tasks are graded there with pytest on tests/, which is what their test.sh runs
+    task = load_task_dir(folder)
+    grading = "pytest" if task.metadata["terminal_bench"]["version"] == 2 else "auto"
+    task = load_task_dir(folder, TerminalBenchConfig(grading=grading))
+    return {"grading": task.metadata["grading"], "gold": _episode(task, GoldPolicy(), "local", {}),
+            "noop": _episode(task, NoopPolicy(), "local", {})}
+
+
+def _cell(res: dict | None, key: str) -> str:
+    if not res:
+        return "-"
+    if "error" in res:
+        return "not built"
+    ep = res[key]
+    mark = "pass" if ep["success"] else ("error" if ep["sandbox_error"] else "fail")
+    return f"{mark} ({ep['seconds']} s)"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| task | format | base image (substitute) | build s | docker gold | docker noop | local gold | local noop |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        d, loc = r.get("docker"), r.get("local")
+        lines.append(f"| {r['task']} | {r['format']} | {d['base'] if d else '-'} | "
+                     f"{d.get('build_s', '-') if d else '-'} | {_cell(d, 'gold')} | {_cell(d, 'noop')} | "
+                     f"{_cell(loc, 'gold')} | {_cell(loc, 'noop')} |")
+    notes = [f"* {r['task']}: {r['docker']['error']}" for r in rows if r.get("docker") and "error" in r["docker"]]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks-root", required=True, help="folder holding the TASKS folders")
+    parser.add_argument("--backends", default="docker,local")
+    parser.add_argument("--only", default="", help="comma-separated task folders (default: all of TASKS)")
+    parser.add_argument("--out", default="benchmarks/results/terminal_bench_real")
+    args = parser.parse_args()
+    backends = args.backends.split(",")
+    client = None
+    if "docker" in backends:
+        import docker
+
+        client = docker.from_env(timeout=1800)
+        build_substitutes(client)
+    rows = []
+    for rel, source in TASKS:
+        if args.only and rel not in args.only.split(","):
+            continue
+        folder = os.path.join(args.tasks_root, rel)
+        task = load_task_dir(folder)
+        row = {"task": rel, "format": f"{task.metadata['terminal_bench']['version']}.x", "source": source}
+        if client is not None:
+            row["docker"] = run_docker(task, client)
+        if "local" in backends:
+            row["local"] = run_local(folder)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(args.out + ".json", "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(args.out + ".md", "w") as fh:
+        fh.write(table(rows))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
