@@ -299,12 +299,19 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
         return {**stamp, "reused": True}
     if os.path.exists(env_dir):  # an interrupted build: start again
         shutil.rmtree(env_dir)
+    if spec.get("packages") == "environment.yml":
+        raise PrepareError(f"{where}: packages: the harness builds {row['repo']}@{row['version']} from a conda "
+                           "environment.yml, which a venv cannot reproduce; use the SWE-bench images (--swebench-images)")
     interpreter, used = choose_python(str(spec.get("python", "3")), config.strict_python, where)
     record: dict[str, Any] = {"python_requested": str(spec.get("python")), "python_version": used,
                               "base_interpreter": interpreter, "python": os.path.join(env_dir, "bin", "python"),
                               "commands": [], "env_dir": env_dir}
     start = time.monotonic()
-    _run([interpreter, "-m", "venv", env_dir], config.envs_root, env_dir, config.command_timeout_s, f"{where}: venv")
+    # pip only where something installs with it (a venv without it is made in a second, offline)
+    uses_pip = any(spec.get(k) for k in ("packages", "pip_packages")) or "pip" in json.dumps(
+        [spec.get("pre_install"), spec.get("install")])
+    _run([interpreter, "-m", "venv", *([] if uses_pip else ["--without-pip"]), env_dir], config.envs_root, env_dir,
+         config.command_timeout_s, f"{where}: venv")
     for args in _package_installs(row, spec, harness, repo_path, env_dir, where):
         _pip(env_dir, args, config, f"{where}: pip install")
         record["commands"].append(shlex.join(["pip", "install", *args]))
@@ -325,9 +332,6 @@ def _package_installs(row: Mapping[str, Any], spec: Mapping[str, Any], harness: 
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")
         out.append(["-r", path])
-    elif packages == "environment.yml":
-        raise PrepareError(f"{where}: packages: the harness builds {row['repo']}@{row['version']} from a conda "
-                           "environment.yml, which a venv cannot reproduce; use the SWE-bench images (--swebench-images)")
     elif packages.strip():  # conda's ``name=1.2`` is pip's ``name==1.2``
         out.append([re.sub(r"^([A-Za-z0-9_.\-\[\]]+)=(?!=)", r"\1==", p) for p in packages.split()])
     if spec.get("pip_packages"):
