@@ -40,6 +40,15 @@ Writes ``results.json`` (every run's final evaluation and learning curve) and ``
 table) into ``--out``; each arm's run directory (metrics, plots, report) is kept under it. Runs that
 finished are not redone: the same command again resumes an interrupted experiment, or re-renders
 the table. The controls (frozen summariser, masked summaries, no budget) use ``bootstrap`` GAE.
+
+On Ray (docs/distributed.md), the arm x seed runs are Ray tasks, at most ``--jobs`` at once, each
+reserving the preset's ``threads`` CPUs; a run that finished (its ``report.md`` exists) is never
+started again, and one interrupted resumes from its last checkpoint. The SFT checkpoint is made
+first, in this process. On a cluster ``--out`` (and ``--sft-model``) must be on a filesystem every
+node sees at the same path::
+
+    python benchmarks/compaction_ablation.py --ray --jobs 2 --out runs/ablation            # a local Ray
+    python benchmarks/compaction_ablation.py --ray-address auto --jobs 48 --seeds 8 --out /shared/ablation
 """
 
 from __future__ import annotations
@@ -136,6 +145,41 @@ def make_sft_checkpoint(base, out: Path, existing: str | None) -> tuple[str, dic
     return existing or str(run_dir / "sft_model"), row0
 
 
+def run_cell(spec: dict[str, Any]) -> str:
+    """Train (or resume) one arm x seed run; its ``report.md`` marks it finished. Returns the run dir."""
+    from compactrl.algos.config import TrainConfig
+    from compactrl.algos.trainer import train
+
+    run_dir = Path(spec["run_dir"])
+    train(TrainConfig.from_dict(json.loads(spec["config"])), run_dir, resume=(run_dir / "checkpoint.pt").exists())
+    return spec["run_dir"]
+
+
+def cell_finished(spec: dict[str, Any]) -> bool:
+    return (Path(spec["run_dir"]) / "report.md").exists()
+
+
+def run_cells(specs: list[dict[str, Any]], *, ray_address: str | None, jobs: int, num_cpus: float) -> list[str]:
+    """Run every unfinished cell, in this process (``ray_address`` None) or as Ray tasks ("" = a local Ray).
+
+    Returns the run dirs this call trained (finished cells are skipped).
+    """
+    if ray_address is None:
+        todo = [spec for spec in specs if not cell_finished(spec)]
+        return [run_cell(spec) for spec in todo]
+    import sys
+
+    import ray.cloudpickle
+
+    from compactrl.distributed import ray_for_run, run_on_ray
+
+    if __name__ != "__main__":  # imported (tests): the workers cannot import this script by name
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with ray_for_run(ray_address):
+        ran = run_on_ray(run_cell, specs, max_concurrency=jobs, done=cell_finished, num_cpus=num_cpus)
+    return [r for r in ran if r is not None]
+
+
 def summarize_run(run_dir: Path) -> dict[str, Any]:
     from compactrl.algos.run_dir import RunDir
 
@@ -228,27 +272,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-model", default=None, help="an existing SFT model directory to start every arm from")
     p.add_argument("--budget", type=int, default=None, help="serving context budget (default: the preset's)")
     p.add_argument("--preset", default="ablation", help="training preset every arm starts from (smoke: CI)")
+    p.add_argument("--ray", action="store_true", help="run the arm x seed cells as tasks on a local Ray")
+    p.add_argument("--ray-address", default=None, help="run the cells on this Ray cluster (host:port or auto)")
+    p.add_argument("--jobs", type=int, default=2, help="with Ray: cells run at once")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs: expected >= 1, got {args.jobs}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from compactrl.algos.trainer import train
-
     t0 = time.perf_counter()
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # Ray workers may run elsewhere: every path they get is absolute
     out.mkdir(parents=True, exist_ok=True)
     base = base_config(args.quick, args.budget, args.preset)
     arms = args.arms.split(",") if args.arms else list(QUICK_ARMS if args.quick else ARMS)
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; expected some of {sorted(ARMS)}")
-    sft_model, sft_row = make_sft_checkpoint(base, out, args.sft_model)
+    sft_model, sft_row = make_sft_checkpoint(base, out, args.sft_model and str(Path(args.sft_model).resolve()))
+    specs = [{"run_dir": str(out / arm / f"seed{seed}"), "config": arm_config(base, arm, seed, sft_model).to_json()}
+             for arm in arms for seed in range(args.seeds)]
+    ray_address = args.ray_address if args.ray_address is not None else ("" if args.ray else None)
+    ran = run_cells(specs, ray_address=ray_address, jobs=args.jobs, num_cpus=base.threads)
     runs: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:
         for seed in range(args.seeds):
-            run_dir = out / arm / f"seed{seed}"
-            cfg = arm_config(base, arm, seed, sft_model)
-            if not (run_dir / "report.md").exists():
-                train(cfg, run_dir, resume=(run_dir / "checkpoint.pt").exists())
-            runs.setdefault(arm, []).append(summarize_run(run_dir))
+            runs.setdefault(arm, []).append(summarize_run(out / arm / f"seed{seed}"))
             log.info("%s seed %d: held-out success %.3f", arm, seed, runs[arm][-1]["final"]["success_rate"])
     results = {
         "command": " ".join(["python benchmarks/compaction_ablation.py", *(argv or sys.argv[1:])]),
@@ -260,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_episodes": base.eval.episodes, "seeds": args.seeds,
         "arms": {arm: aggregate(r) for arm, r in runs.items()},
         "runs": runs,
+        "cells_run": [str(Path(r).relative_to(out)) for r in ran],  # this invocation's; the rest were finished
         "wall_clock_s": time.perf_counter() - t0,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
