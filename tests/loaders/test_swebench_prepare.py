@@ -65,7 +65,10 @@ def test_prepare_builds_the_env_the_work_tree_and_the_specs(prepared) -> None:
     rec = report.prepared[IID]
     assert rec["python_version"] == VERSION and rec["python_fallback"] is False
     out = subprocess.run([rec["python"], "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
-    assert out.stdout.strip() == os.path.join(os.path.abspath(config.envs_root), "envs", "mathkit-dev__mathkit@0.3")
+    # the row's own copy of the (repo, version) venv, which the install step may change
+    assert out.stdout.strip() == os.path.join(os.path.abspath(config.envs_root), "envs", IID)
+    base = os.path.join(os.path.abspath(config.envs_root), "envs", "mathkit-dev__mathkit@0.3")
+    assert not [n for n in os.listdir(os.path.join(base, "lib", f"python{VERSION}", "site-packages")) if n.endswith(".pth")]
     head = subprocess.run(["git", "-C", rec["checkout"], "rev-parse", "HEAD"], capture_output=True, text=True)
     assert head.stdout.strip() == read_rows(SWEBENCH_ROWS)[0]["base_commit"]
     assert rec["generated_files"] == ["mathkit/_version.py"]
@@ -75,9 +78,8 @@ def test_prepare_builds_the_env_the_work_tree_and_the_specs(prepared) -> None:
                           capture_output=True, text=True).stdout.strip()
     assert open(os.path.join(site, "__editable__.mathkit.pth")).read() == "/workspace\n"
     specs = load_specs(report.specs_path)
-    assert specs["mathkit-dev/mathkit@0.3"] == {
-        "python": rec["python"], "test_command": "{python} -m pytest -rA -p no:cacheprovider {test_files}"}
-    assert specs[IID] == {"checkout": rec["checkout"], "generated_files": ["mathkit/_version.py"]}
+    assert specs["mathkit-dev/mathkit@0.3"] == {"test_command": "{python} -m pytest -rA -p no:cacheprovider {test_files}"}
+    assert specs[IID] == {"python": rec["python"], "checkout": rec["checkout"], "generated_files": ["mathkit/_version.py"]}
     manifest = json.load(open(report.manifest_path))
     assert manifest["instances"][IID]["commands"] == [_install_command()]
 

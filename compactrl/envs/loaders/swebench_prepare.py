@@ -5,15 +5,16 @@ does, with a venv in place of a conda env: find the pinned interpreter (pyenv, u
 on ``PATH``), create ``envs_root/envs/<owner>__<name>@<version>``, install the spec's
 ``packages`` (a requirements file read from the repository at ``environment_setup_commit``, or
 a package list) and ``pip_packages``. Per row it does what the instance image does: a git work
-tree of the checkout at ``base_commit`` (``envs_root/checkouts/<instance_id>``), the spec's
-``pre_install`` and ``install`` commands run in it with the venv first on ``PATH``. The install
+tree of the checkout at ``base_commit`` (``envs_root/checkouts/<instance_id>``), a copy of the
+venv (``envs_root/envs/<instance_id>``: an install may move dependencies), the spec's
+``pre_install`` and ``install`` commands run in the work tree with that copy first on ``PATH``. The install
 step's paths are then moved to the sandbox's work dir (an editable install's ``.pth``, finder or
 ``egg-link`` name the work tree; inside the sandbox the repository is at ``/workspace``), so the
 tests import the agent's files, and the files the install step generated (``_version.py``,
 ``*.egg-info``) are listed for the loader to copy.
 
 It writes ``envs_root/specs.json`` (for ``--swebench-specs``: per ``owner/name@version`` the
-``python`` and ``test_command``, per instance the ``checkout`` and ``generated_files``) and
+``test_command``, per instance the ``python``, ``checkout`` and ``generated_files``) and
 ``envs_root/manifest.json`` (per instance the requested and used Python, every command run, and
 what was skipped or failed). A prepared environment or work tree carries a stamp written last and
 is reused; one without a stamp (an interrupted build) is removed and built again.
@@ -353,27 +354,50 @@ def checkout(repo_path: str, commit: str, dest: str, where: str) -> None:
 
 def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any], repo_path: str,
                      config: PrepareConfig, where: str) -> dict[str, Any]:
-    """The row's work tree at ``base_commit`` with the spec's install step run and moved to the
-    sandbox's work dir; reused when stamped at the same commit with the same environment."""
-    dest = os.path.join(os.path.abspath(config.envs_root), "checkouts", row["instance_id"])
+    """The row's work tree at ``base_commit`` and its own copy of the environment with the spec's
+    install step run (as the harness's instance image: an install may move dependencies, e.g.
+    pylint's astroid range differs between commits of one version), moved to the sandbox's work
+    dir; reused when stamped at the same commit on the same environment build."""
+    root = os.path.abspath(config.envs_root)
+    dest, venv = os.path.join(root, "checkouts", row["instance_id"]), os.path.join(root, "envs", row["instance_id"])
     stamp = _read_stamp(dest)
-    if stamp is not None and stamp.get("base_commit") == row["base_commit"] and stamp.get("env_built_at") == env.get("build_s"):
+    if (stamp is not None and stamp.get("base_commit") == row["base_commit"] and _read_stamp(venv) is not None
+            and stamp.get("env_built_at") == env.get("build_s")):
         return {**stamp, "reused": True}
     start = time.monotonic()
     checkout(repo_path, row["base_commit"], dest, where)
+    copy_env(env["env_dir"], venv)
     record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
-                              "env_built_at": env.get("build_s")}
+                              "env_built_at": env.get("build_s"), "python": os.path.join(venv, "bin", "python")}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
         if command.strip().startswith(SKIPPED_PREFIXES):
             record["skipped"].append(command)
             continue
-        _run(command, dest, env["env_dir"], config.command_timeout_s, f"{where}: install")
+        _run(command, dest, venv, config.command_timeout_s, f"{where}: install")
         record["commands"].append(command)
-    record["relocated"] = relocate_install(env["env_dir"], dest, config.workdir)
+    record["relocated"] = relocate_install(venv, dest, config.workdir)
     record["generated_files"] = generated(dest)
     record["install_s"] = round(time.monotonic() - start, 1)
+    _write_stamp(venv, {"from": env["env_dir"], "base_commit": row["base_commit"]})
     _write_stamp(dest, record)
     return {**record, "reused": False}
+
+
+def copy_env(source: str, dest: str) -> None:
+    """A copy of the venv ``source`` at ``dest`` (links kept, the stamp left out), its scripts'
+    ``#!`` lines and ``bin/`` files pointed at the copy."""
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(STAMP))
+    for name in os.listdir(os.path.join(dest, "bin")):
+        path = os.path.join(dest, "bin", name)
+        if os.path.islink(path) or not os.path.isfile(path) or not _is_text(path, 1_000_000):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if source in text:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text.replace(source, dest))
 
 
 def _commands(value: str | Sequence[str] | None) -> list[str]:
@@ -516,7 +540,7 @@ def _env_or_error(row, spec, harness, repo_path, config, where) -> dict[str, Any
 def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any],
                      inst: Mapping[str, Any]) -> dict[str, Any]:
     return {"repo": row["repo"], "version": row["version"], "env": env_key(row["repo"], row["version"]),
-            "python": env["python"], "python_requested": env["python_requested"],
+            "python": inst["python"], "python_requested": env["python_requested"],
             "python_version": env["python_version"], "python_fallback": env["python_requested"] != env["python_version"],
             "test_command": test_command(spec.get("test_cmd")), "env_commands": env["commands"],
             "env_build_s": env.get("build_s"), "env_reused": env["reused"], **{k: inst[k] for k in (
@@ -524,15 +548,13 @@ def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
 
 
 def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``--swebench-specs`` entries: per ``owner/name@version`` the venv's python and the test
-    command, per instance its work tree and generated files."""
+    """``--swebench-specs`` entries: per ``owner/name@version`` the test command, per instance its
+    venv's python, its work tree and generated files."""
     out: dict[str, dict[str, Any]] = {}
     for iid, rec in prepared.items():
-        env = {"python": rec["python"]}
         if rec.get("test_command"):
-            env["test_command"] = rec["test_command"]
-        out[f"{rec['repo']}@{rec['version']}"] = env
-        out[iid] = {"checkout": rec["checkout"], "generated_files": list(rec["generated_files"])}
+            out[f"{rec['repo']}@{rec['version']}"] = {"test_command": rec["test_command"]}
+        out[iid] = {"python": rec["python"], "checkout": rec["checkout"], "generated_files": list(rec["generated_files"])}
     return out
 
 
