@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,11 +53,14 @@ class InferenceEngine:
         self.policy = engine_fn(index)
         self.index = index
         self.version = -1  # a fresh (or restarted) engine holds no published version yet
-        self.loads = 0
-        """Weight versions loaded by this process."""
+        self.loads, self.load_s = 0, 0.0
 
     def ready(self) -> int:
         return os.getpid()
+
+    def stats(self) -> dict[str, float]:
+        """Weight versions this process loaded, and the seconds spent fetching and loading them."""
+        return {"loads": float(self.loads), "load_s": self.load_s}
 
     def act(self, requests: Sequence[PolicyRequest], weights: list, version: int) -> tuple[int, int, list[str]]:
         """(version sampled with, engine pid, responses); loads ``weights[0]`` first when ``version`` is new here.
@@ -72,8 +76,9 @@ class InferenceEngine:
         import ray
 
         if ref is not None:
+            t0 = time.perf_counter()
             load_published(self.policy, ray.get(ref))
-            self.loads += 1
+            self.loads, self.load_s = self.loads + 1, self.load_s + time.perf_counter() - t0
         self.version = version
 
 
