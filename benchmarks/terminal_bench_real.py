@@ -32,7 +32,7 @@ TASKS = [
     *[(f"purple29th/{n}", "purple29th/purple29th-tbench-2 (2.x)") for n in (
         "mobile-config-exposure-imbalance", "android-wakelock-imbalance", "android-battery-swell-pressure",
         "aero-composite-delam-subvoxel-area", "android-sensor-deadtime-flux", "seismic-p-wave-onset-pick",
-        "android-license-keygen")],
+        "android-license-keygen", "event-loop-scheduler")],
 ]
 _SUB = "compactrl-tb-substitute"
 # substitute image -> its Dockerfile (built from the default sandbox image; apt reaches Debian's mirror)
@@ -49,11 +49,14 @@ SUBSTITUTE_DOCKERFILES = {
 }
 SUBSTITUTE_DOCKERFILES[f"{_SUB}/t-bench-python:3-13"] = SUBSTITUTE_DOCKERFILES[f"{_SUB}/python:3-slim"] + \
     "WORKDIR /app\n"  # Terminal-Bench's base images set WORKDIR /app
+SUBSTITUTE_DOCKERFILES[f"{_SUB}/gcc:bookworm"] = SUBSTITUTE_DOCKERFILES[f"{_SUB}/python:3-slim"] + (
+    "RUN apt-get update && apt-get install -y --no-install-recommends build-essential && rm -rf /var/lib/apt/lists/*\n")
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SUBSTITUTES = {
     "ghcr.io/laude-institute/t-bench/python-3-13:20250620": f"{_SUB}/t-bench-python:3-13",
     "python:3.12-slim": f"{_SUB}/python:3-slim",
     "python:3.13-slim": f"{_SUB}/python:3-slim",
+    "gcc:13.3.0-bookworm": f"{_SUB}/gcc:bookworm",  # Debian 12's gcc 12 for gcc 13.3
 }
 
 
@@ -106,6 +109,7 @@ def run_docker(task, client) -> dict:
         out.update(build_s=round(time.monotonic() - started, 1), error=str(e).splitlines()[0][:400])
         return out
     out["build_s"] = round(time.monotonic() - started, 1)
+    out["grading"] = task.metadata["grading"]
     out["gold"] = _episode(task, GoldPolicy(), "docker", kwargs)
     out["noop"] = _episode(task, NoopPolicy(), "docker", kwargs)
     return out
@@ -132,14 +136,17 @@ def _cell(res: dict | None, key: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| task | format | base image (substitute) | build s | docker gold | docker noop | local gold | local noop |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| task | format | base image -> substitute | build s | docker gold | docker noop | local gold | local noop"
+             " | grading (docker / local) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         d, loc = r.get("docker"), r.get("local")
         lines.append(f"| {r['task']} | {r['format']} | {d['base'] if d else '-'} | "
                      f"{d.get('build_s', '-') if d else '-'} | {_cell(d, 'gold')} | {_cell(d, 'noop')} | "
-                     f"{_cell(loc, 'gold')} | {_cell(loc, 'noop')} |")
-    notes = [f"* {r['task']}: {r['docker']['error']}" for r in rows if r.get("docker") and "error" in r["docker"]]
+                     f"{_cell(loc, 'gold')} | {_cell(loc, 'noop')} | "
+                     f"{(d or {}).get('grading', '-')} / {(loc or {}).get('grading', '-')} |")
+    notes = [f"* {r['task']}: docker: {r['docker']['error']}" for r in rows if "error" in (r.get("docker") or {})]
+    notes += [f"* {r['task']}: local gold failed: {r['local']['gold']['summary'].splitlines()[-1]}"
+              for r in rows if r.get("local") and not r["local"]["gold"]["success"]]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 

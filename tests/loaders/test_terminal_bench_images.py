@@ -4,6 +4,7 @@ that task images give (local backend: private writable folders, ``/tests`` and `
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -104,6 +105,26 @@ def test_local_gives_writable_folders_tests_and_solution() -> None:
         sb.start(task)
         out = sb.exec("touch /data/a /root/b /logs/c && echo ok; touch /usr/x /etc/x 2>&1 | wc -l; ls -A /tests").output
         assert out.split() == ["ok", "2"], out  # the tests were copied for grading only
+    finally:
+        sb.close()
+
+
+def test_local_solution_files_arrive_byte_exact(tmp_path) -> None:
+    why = local_unavailable()
+    if why:
+        pytest.skip(why)
+    folder = str(tmp_path / "task")
+    shutil.copytree(IMAGE_TASK, folder)
+    blob = bytes(range(256)) * 3
+    with open(os.path.join(folder, "solution", "blob.bin"), "wb") as fh:
+        fh.write(blob)
+    task = load_task_dir(folder)
+    sb = make_sandbox("local")
+    try:
+        sb.start(task)
+        sb.write_file("solution.sh", task.metadata["solution_sh"])
+        out = sb.exec("bash solution.sh >/dev/null && sha256sum /solution/blob.bin && stat -c %a /solution/solve.sh")
+        assert out.output.split() == [hashlib.sha256(blob).hexdigest(), "/solution/blob.bin", "755"], out
     finally:
         sb.close()
 

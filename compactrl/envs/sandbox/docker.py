@@ -3,8 +3,9 @@
 Works against Docker Engine and against Podman's Docker-compatible socket (``podman system
 service``); the engine is chosen by ``base_url`` or, by default, ``DOCKER_HOST``. The container:
 
-* runs the task's image (``task.docker_image``) or ``config.image``, kept alive by a small reaping
-  ``/bin/sh`` loop as PID 1;
+* runs the task's image (``task.docker_image``), the task's own image built from its Dockerfile
+  (``metadata["image_build"]``, see :func:`build_task_image`) or ``config.image``, kept alive by a
+  small reaping ``/bin/sh`` loop as PID 1;
 * has no network (``network_mode="none"``), memory / CPU / process-count limits, no capabilities
   and ``no-new-privileges``; when the work dir is filled from the task, the root file system is
   read-only and the work dir and ``/tmp`` are size-limited tmpfs mounts;
@@ -253,8 +254,9 @@ def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engi
         except docker.errors.ImageNotFound:
             if not cfg.pull:
                 via = f" (substitute for {base!r})" if wanted != base else ""
+                on = f"the engine ({engine})" if engine else "the engine"
                 raise SandboxError(
-                    f"{where}: base image {wanted!r}{via} is not on the engine ({engine}); pull it "
+                    f"{where}: base image {wanted!r}{via} is not on {on}; pull it "
                     f"(docker pull {wanted}), or map it to a local image with base_images={{{base!r}: 'IMAGE'}} "
                     "(--sandbox-kwargs), or pass pull=True") from None
             log.info("pulling base image %s", wanted)
