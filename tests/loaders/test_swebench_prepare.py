@@ -111,13 +111,16 @@ def test_a_prepared_env_and_work_tree_are_reused(prepared) -> None:
     assert again["env_reused"] and again["reused"] and os.stat(stamp).st_mtime_ns == before
 
 
-def test_an_interrupted_env_is_built_again(tmp_path, repos_root) -> None:
+def test_an_interrupted_env_is_built_again_and_so_are_its_rows(tmp_path, repos_root) -> None:
     config = _config(tmp_path, repos_root)
     env_dir = os.path.join(config.envs_root, "envs", "mathkit-dev__mathkit@0.3")
     os.makedirs(env_dir)
     open(os.path.join(env_dir, "half-written"), "w").close()  # no stamp: a build that died
     rec = sp.prepare(_rows(tmp_path), config).prepared[IID]
     assert not rec["env_reused"] and not os.path.exists(os.path.join(env_dir, "half-written"))
+    os.remove(os.path.join(env_dir, sp.STAMP))  # the env dies again: its rows' copies are stale
+    again = sp.prepare(_rows(tmp_path), config).prepared[IID]
+    assert not again["env_reused"] and not again["reused"]
 
 
 def test_a_failing_install_names_the_instance_and_the_command(tmp_path, repos_root) -> None:

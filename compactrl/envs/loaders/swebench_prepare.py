@@ -317,6 +317,7 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
         _pip(env_dir, args, config, f"{where}: pip install")
         record["commands"].append(shlex.join(["pip", "install", *args]))
     record["build_s"] = round(time.monotonic() - start, 1)
+    record["built_at"] = time.time()  # which build a row's venv was copied from
     _write_stamp(env_dir, record)
     return {**record, "reused": False}
 
@@ -362,13 +363,13 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
     dest, venv = os.path.join(root, "checkouts", row["instance_id"]), os.path.join(root, "envs", row["instance_id"])
     stamp = _read_stamp(dest)
     if (stamp is not None and stamp.get("base_commit") == row["base_commit"] and _read_stamp(venv) is not None
-            and stamp.get("env_built_at") == env.get("build_s")):
+            and stamp.get("env_built_at") == env.get("built_at")):
         return {**stamp, "reused": True}
     start = time.monotonic()
     checkout(repo_path, row["base_commit"], dest, where)
     copy_env(env["env_dir"], venv)
     record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
-                              "env_built_at": env.get("build_s"), "python": os.path.join(venv, "bin", "python")}
+                              "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python")}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
         if command.strip().startswith(SKIPPED_PREFIXES):
             record["skipped"].append(command)
