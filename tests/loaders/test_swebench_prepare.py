@@ -224,3 +224,11 @@ def test_the_cli_prepares_and_reports_bad_input_in_one_line(prepared, repos_root
         main(["tasks", "prepare", _rows(tmp, version=""), "--repos-root", repos_root, "--envs-root", config.envs_root,
               "--harness-specs", config.harness_specs])
     assert exc.value.code == 2 and f"{IID}: version: missing or empty" in capsys.readouterr().err
+
+
+def test_a_spec_checkout_that_is_gone_names_the_instance(tmp_path, repos_root) -> None:
+    specs = {IID: {"checkout": str(tmp_path / "gone")}}
+    with pytest.raises(ValueError, match=rf"rows.jsonl:1: {IID}: checkout: no folder .*gone \(run `compactrl tasks prepare`"):
+        load_swebench(_rows(tmp_path), SWEBenchConfig(repos_root=repos_root, specs=specs))
+    with pytest.raises(ValueError, match=r"checkout: expected a string, got 3"):
+        SWEBenchConfig(repos_root=repos_root, specs={IID: {"checkout": 3}})
