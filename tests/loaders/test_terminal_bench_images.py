@@ -194,6 +194,32 @@ def test_docker_missing_base_image_is_named_at_once() -> None:
 
 
 @pytest.mark.docker
+def test_docker_work_dir_inherited_from_the_base_image(tmp_path) -> None:
+    import io
+
+    client = _docker_client()
+    base = "compactrl-test/base-with-workdir:1"
+    client.images.build(fileobj=io.BytesIO(f"FROM {DEFAULT_IMAGE}\nWORKDIR /srv/app\n".encode()), tag=base, pull=False)
+    folder = str(tmp_path / "task")
+    shutil.copytree(IMAGE_TASK, folder)
+    dockerfile = os.path.join(folder, "environment", "Dockerfile")
+    with open(dockerfile) as fh:
+        text = fh.read().replace("WORKDIR /app\n", "").replace("/app/bin/", "bin/")
+    with open(dockerfile, "w") as fh:
+        fh.write(text)
+    task = load_task_dir(folder)
+    assert "workdir" not in task.metadata  # the loader cannot know what an unknown base sets
+    sb = make_sandbox("docker", base_images={"python:3.13-slim": base})
+    try:
+        sb.start(task)
+        assert sb.exec("pwd; ls").output.split() == ["/srv/app", "bin", "words.txt"]
+        assert sb.read_file("words.txt") == "alpha\nbeta\ngamma\n"
+    finally:
+        sb.close()
+        client.images.remove(sb.image, force=True)
+
+
+@pytest.mark.docker
 def test_docker_without_building_uses_the_default_image() -> None:
     _docker_client()
     task = load_task_dir(TB_TASK)

@@ -418,6 +418,8 @@ class DockerSandbox:
         try:
             if build:
                 self.image = build_task_image(self._client, task.id, build, cfg, self.engine)
+                if not task.metadata.get("workdir"):  # e.g. inherited from a base the loader cannot read
+                    self._workdir = self._image_workdir() or self._workdir
             else:
                 self._ensure_image()
             self._create(in_image, built=bool(build))
@@ -453,6 +455,14 @@ class DockerSandbox:
             self._client.images.pull(self.image)
         except docker.errors.APIError as e:
             raise SandboxError(f"engine error while looking up image {self.image!r}: {e}") from e
+
+    def _image_workdir(self) -> str | None:
+        """The image's own ``WORKDIR`` (None for the root or none)."""
+        try:
+            workdir = (self._client.images.get(self.image).attrs.get("Config") or {}).get("WorkingDir") or ""
+        except Exception as e:  # the image was just built: an error here is the engine's
+            raise SandboxError(f"could not inspect image {self.image!r}: {e}") from e
+        return workdir.rstrip("/") or None
 
     def _create(self, in_image: bool, built: bool = False) -> None:
         import docker
