@@ -333,8 +333,9 @@ class RayCollector:
 
         if not self.num_engines or self._engines:
             return
-        cls = ray.remote(**self.engine_resources, max_restarts=self.engine_max_restarts, max_task_retries=0)(
-            InferenceEngine)
+        sharing = -(-self.num_workers // self.num_engines)  # workers per engine: one thread each, gathered
+        cls = ray.remote(**self.engine_resources, max_restarts=self.engine_max_restarts, max_task_retries=0,
+                         max_concurrency=sharing + 1)(InferenceEngine)
         engines = [cls.remote(self.engine_fn, e, threads=self.engine_threads) for e in range(self.num_engines)]
         pids = self._wait_ready(engines, "engine actor", self.engine_resources)
         for e, pid in enumerate(pids):

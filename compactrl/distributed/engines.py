@@ -5,7 +5,8 @@ actors (:class:`InferenceEngine`) and rollout worker ``w`` generates on engine `
 through an :class:`EngineClient`, a policy that forwards each round's requests (one batched
 ``act``) and returns the engine's responses, token ids and log-probs exact. An engine holds any
 compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` on CPUs, or a
-``VLLMPolicy`` on a GPU (:func:`vllm_engine`).
+``VLLMPolicy`` on a GPU (:func:`vllm_engine`). An engine gathers the calls that arrive while it
+generates and serves them together in its next generation.
 
 Weights: the driver puts each version's state dict in the object store once and hands the
 reference to the workers; every request names the version it wants (with that reference), and an
@@ -20,14 +21,17 @@ Faults: an engine that dies mid-batch fails the calls it was serving; the worker
 requests' episodes as truncated (their finished traces are kept; the episodes are not re-run, so
 nothing can be counted twice), and Ray restarts the engine (``max_restarts``) with its constructor
 arguments; it loads the current weights at its first request. Every wait is bounded: a request
-that gets no answer within ``timeout_s`` (generation plus a restart), or an engine lost more than
-``max_losses`` times in a row, stops the run with a ``RuntimeError`` naming the engine.
+that gets no answer within ``timeout_s`` (generation plus a restart), an engine that does not come
+back within it, or one lost more than ``max_losses`` times in a row, stops the run with a
+``RuntimeError`` naming the engine. After a loss a worker waits for the restart before its next
+request (calls to a restarting actor fail at once), so only the episodes in flight are lost.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -45,8 +49,23 @@ class EngineLost(RuntimeError):
     """The engine serving a request died before answering; the request's episodes end truncated."""
 
 
+class _Call:
+    """One worker's request batch waiting in an engine, and its answer once generated."""
+
+    def __init__(self, requests: list[PolicyRequest], weights: list, version: int) -> None:
+        self.requests, self.weights, self.version = requests, weights, version
+        self.responses: list[str] | None = None
+        self.error: BaseException | None = None
+
+
 class InferenceEngine:
-    """The body of an engine actor (wrapped by ``ray.remote`` in :class:`~compactrl.distributed.RayCollector`)."""
+    """The body of an engine actor (wrapped by ``ray.remote`` in :class:`~compactrl.distributed.RayCollector`).
+
+    Run as a threaded actor (``max_concurrency`` > 1), it gathers the calls of several workers:
+    while one generation runs, the calls that arrive wait, and the next generation serves all of
+    them at once (one batched ``act`` per policy version), so an engine shared by many workers
+    generates in batches as large as the workers waiting on it.
+    """
 
     def __init__(self, engine_fn: EngineFn, index: int, *, threads: int) -> None:
         torch.set_num_threads(threads)
@@ -54,13 +73,19 @@ class InferenceEngine:
         self.index = index
         self.version = -1  # a fresh (or restarted) engine holds no published version yet
         self.loads, self.load_s = 0, 0.0
+        self.generations, self.calls = 0, 0
+        self._cond = threading.Condition()
+        self._waiting: list[_Call] = []
+        self._generating = False
 
     def ready(self) -> int:
         return os.getpid()
 
     def stats(self) -> dict[str, float]:
-        """Weight versions this process loaded, and the seconds spent fetching and loading them."""
-        return {"loads": float(self.loads), "load_s": self.load_s}
+        """Weight versions loaded and seconds spent fetching and loading them; calls served and the
+        generations that served them (fewer generations than calls: calls were gathered)."""
+        return {"loads": float(self.loads), "load_s": self.load_s, "calls": float(self.calls),
+                "generations": float(self.generations)}
 
     def act(self, requests: Sequence[PolicyRequest], weights: list, version: int) -> tuple[int, int, list[str]]:
         """(version sampled with, engine pid, responses); loads ``weights[0]`` first when ``version`` is new here.
@@ -68,9 +93,43 @@ class InferenceEngine:
         ``weights`` is a one-element list so that Ray passes the object reference through unresolved:
         only an engine that needs the version fetches it.
         """
-        if version != self.version:
-            self._load(weights[0], version)
-        return self.version, os.getpid(), self.policy.act(requests)
+        call = _Call(list(requests), weights, version)
+        with self._cond:
+            self._waiting.append(call)
+            self._cond.notify_all()  # the queue changed (wakes whoever watches it; waiting callers re-check)
+            while call.responses is None and call.error is None and self._generating:
+                self._cond.wait()
+            if call.responses is None and call.error is None:  # nobody generating: serve every waiting call
+                self._generating = True
+                gathered, self._waiting = self._waiting, []
+            else:
+                gathered = []
+        if gathered:
+            try:
+                self._serve(gathered)
+            finally:
+                with self._cond:
+                    self._generating = False
+                    self._cond.notify_all()
+        if call.error is not None:
+            raise call.error
+        return call.version, os.getpid(), call.responses  # type: ignore[return-value]
+
+    def _serve(self, calls: list[_Call]) -> None:
+        """One batched generation per policy version among ``calls`` (a synchronous batch has one)."""
+        for version in dict.fromkeys(c.version for c in calls):
+            group = [c for c in calls if c.version == version]
+            try:
+                if version != self.version:
+                    self._load(group[0].weights[0], version)
+                responses = self.policy.act([r for c in group for r in c.requests])
+            except Exception as exc:  # noqa: BLE001 - every gathered call gets the error
+                for c in group:
+                    c.error = exc
+                continue
+            self.generations, self.calls = self.generations + 1, self.calls + len(group)
+            for c in group:
+                c.responses, responses = list(responses[:len(c.requests)]), responses[len(c.requests):]
 
     def _load(self, ref: Any, version: int) -> None:
         import ray
@@ -128,6 +187,8 @@ class EngineClient:
     def act(self, requests: Sequence[PolicyRequest]) -> list[str]:
         import ray
 
+        if self._lost_in_a_row:
+            self._await_restart()
         call = self.engine.act.remote(list(requests), self.weights, self.version)
         try:
             version, pid, responses = ray.get(call, timeout=self.timeout_s)
@@ -147,6 +208,31 @@ class EngineClient:
         self.last_version = version
         self.engine_pids.add(pid)
         return responses
+
+    def _await_restart(self) -> None:
+        """After a loss, wait (at most ``timeout_s``) for Ray to bring the engine back.
+
+        Calls to an engine that is restarting fail at once (``ActorUnavailableError``) rather than
+        queue, so without this wait every episode started meanwhile would be lost too. Ray offers no
+        call that blocks until an actor is alive again: poll its ``ready`` with a growing pause.
+        """
+        import ray
+
+        deadline, pause = time.monotonic() + self.timeout_s, 0.05
+        while True:
+            try:
+                ray.get(self.engine.ready.remote(), timeout=max(deadline - time.monotonic(), 0.01))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 1.0)
+            except ray.exceptions.GetTimeoutError:
+                break
+            except ray.exceptions.RayActorError as exc:  # died for good: no restarts left
+                raise RuntimeError(f"engine actor {self.index} is dead and will not be restarted: {exc}") from None
+        raise RuntimeError(f"engine actor {self.index} did not come back within timeout_s={self.timeout_s}s")
 
 
 def engine_client(engines: Sequence[Any], timeout_s: float, max_losses: int, worker_index: int) -> EngineClient:

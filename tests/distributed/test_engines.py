@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -236,3 +237,47 @@ def test_engines_without_rollout_workers_are_a_config_error():
     with pytest.raises(ValueError, match="distributed.num_engines"):
         DistributedConfig(num_rollout_workers=2, num_engines=-1)
     assert DistributedConfig(num_rollout_workers=2, num_engines=1).num_engines == 1
+
+
+class _Echo:
+    """Answers each request with its message; the first generation holds until released."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+        self.release = threading.Event()
+
+    def act(self, requests):
+        self.sizes.append(len(requests))
+        if len(self.sizes) == 1:
+            assert self.release.wait(30)
+        return [r.messages[0]["content"] for r in requests]
+
+
+def test_an_engine_gathers_the_calls_that_wait_into_one_generation():
+    from compactrl.distributed.engines import InferenceEngine
+    from compactrl.types import PolicyRequest
+
+    echo = _Echo()
+    engine = InferenceEngine(lambda index: echo, 0, threads=1)
+
+    def call(name: str, n: int):
+        reqs = [PolicyRequest(messages=[{"role": "user", "content": f"{name}{i}"}]) for i in range(n)]
+        answers[name] = engine.act(reqs, [None], 0)
+
+    answers: dict = {}
+    first = threading.Thread(target=call, args=("a", 1))
+    first.start()
+    with engine._cond:  # the first call is generating: the next two must wait, then go together
+        assert engine._cond.wait_for(lambda: engine._generating, timeout=30)
+    later = [threading.Thread(target=call, args=(name, n)) for name, n in (("b", 2), ("c", 1))]
+    for t in later:
+        t.start()
+    with engine._cond:
+        assert engine._cond.wait_for(lambda: len(engine._waiting) == 2, timeout=30)
+    echo.release.set()
+    for t in [first, *later]:
+        t.join(30)
+    assert echo.sizes == [1, 3], "the two waiting calls were not served by one generation"
+    assert {k: v[2] for k, v in answers.items()} == {"a": ["a0"], "b": ["b0", "b1"], "c": ["c0"]}
+    assert all(v[0] == 0 for v in answers.values())
+    assert engine.stats()["calls"] == 3.0 and engine.stats()["generations"] == 2.0
