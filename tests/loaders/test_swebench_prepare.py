@@ -232,3 +232,12 @@ def test_a_spec_checkout_that_is_gone_names_the_instance(tmp_path, repos_root) -
         load_swebench(_rows(tmp_path), SWEBenchConfig(repos_root=repos_root, specs=specs))
     with pytest.raises(ValueError, match=r"checkout: expected a string, got 3"):
         SWEBenchConfig(repos_root=repos_root, specs={IID: {"checkout": 3}})
+
+
+def test_a_missing_pinned_python_is_recorded_per_instance_or_fails_when_strict(tmp_path, repos_root) -> None:
+    harness = _harness(tmp_path, python="3.99")
+    rec = sp.prepare(_rows(tmp_path), _config(tmp_path, repos_root, harness_specs=harness)).prepared[IID]
+    assert rec["python_requested"] == "3.99" and rec["python_fallback"] and rec["python_version"] != "3.99"
+    assert sp.probe_python(rec["python"])[1] == rec["python_version"]  # the row's venv runs the fallback
+    strict = _config(tmp_path / "strict", repos_root, harness_specs=harness, strict_python=True)
+    assert f"{IID}: python: 3.99 is not available here" in sp.prepare(_rows(tmp_path), strict).failed[IID]
