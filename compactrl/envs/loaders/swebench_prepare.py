@@ -510,7 +510,8 @@ def prepare(rows_path: str, config: PrepareConfig) -> PrepareReport:
     os.makedirs(config.envs_root, exist_ok=True)
     report = PrepareReport(specs_path=os.path.join(config.envs_root, "specs.json"),
                            manifest_path=os.path.join(config.envs_root, "manifest.json"))
-    checked = [(w := _row_where(where, row), row, _check_row(row, w, config.repos_root)) for where, row in located]
+    named = [(_row_where(where, row), row) for where, row in located]
+    checked = [(where, row, _check_row(row, where, config.repos_root)) for where, row in named]  # all, before building
     envs: dict[str, dict[str, Any] | PrepareError] = {}
     for where, row, repo_path in checked:
         try:
