@@ -35,6 +35,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -176,8 +177,8 @@ def probe_python(candidate: str) -> tuple[str, str] | None:
 
 
 def find_python(version: str) -> str | None:
-    """An interpreter of ``version`` (``"3.9"``): pyenv's versions, ``uv python find``, then
-    ``pythonX.Y`` on ``PATH``; the first that starts and reports that version."""
+    """An interpreter of ``version`` (``"3.9"``): pyenv's versions, ``uv python find``,
+    ``pythonX.Y`` on ``PATH``, then the running one; the first that starts and reports that version."""
     root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     candidates = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")), reverse=True)
     uv = shutil.which("uv")
@@ -185,7 +186,7 @@ def find_python(version: str) -> str | None:
         res = subprocess.run([uv, "python", "find", "--no-python-downloads", version], capture_output=True,
                              text=True, timeout=60)
         candidates += [res.stdout.strip()] if res.returncode == 0 and res.stdout.strip() else []
-    candidates += [p for p in [shutil.which(f"python{version}")] if p]
+    candidates += [p for p in [shutil.which(f"python{version}"), sys.executable] if p]  # last: this one
     for cand in candidates:
         found = probe_python(cand)
         if found and found[1] == version:
