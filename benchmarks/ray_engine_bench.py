@@ -5,9 +5,11 @@
 
 The smoke preset's tiny MoE model (greedy, so every arm plays the same episodes; one torch thread
 per actor) plays the smoke code tasks on the ``sim`` backend (``env.max_turns`` 12, budget 860: episodes
-compact), where generation is nearly all the cost. Arms, side by side, each on the same task seeds:
-one process; 2 Ray workers generating in-process (a model copy each); 2 Ray workers sending their
-rounds to 1 shared engine actor (one model copy). Each Ray arm runs one untimed batch first (start-up).
+compact), where generation is nearly all the cost. Arms, side by side, each on the same task seeds
+and the same ``--envs`` envs in all: one process; 2 Ray workers generating in-process (a model copy
+each); 2, then 4, Ray workers sending their rounds to 1 shared engine actor (one model copy; with 4,
+calls that wait during a generation are gathered into the next). Each Ray arm runs one untimed
+batch first (start-up).
 
 The weight path: one ``ray.put`` of the state dict per update, then the engine's fetch from the
 object store + ``load_state_dict`` at its first request of the new version (timed inside the
@@ -71,15 +73,18 @@ def bench_arms(episodes: int, envs: int, seed: int) -> dict[str, dict]:
     single.shutdown()
     # the Ray arms start from these weights (published), as a training run's workers do
     fn = functools.partial(_greedy, cfg.to_json())
-    arms = {"2 Ray workers, generating in-process": {"worker_num_cpus": 1.0},
-            "2 Ray workers + 1 shared engine": {"num_engines": 1, "worker_num_cpus": 0.5, "engine_num_cpus": 1.0}}
-    for name, kw in arms.items():
-        rc = RayCollector(T.make_env_fns(cfg.env, split="train", count=envs // 2), fn, num_workers=2,
+    arms = {"2 Ray workers, generating in-process": (2, {"worker_num_cpus": 1.0}),
+            "2 Ray workers + 1 shared engine": (2, {"num_engines": 1, "worker_num_cpus": 0.5, "engine_num_cpus": 1.0}),
+            "4 Ray workers + 1 shared engine": (4, {"num_engines": 1, "worker_num_cpus": 0.25, "engine_num_cpus": 1.0})}
+    for name, (workers, kw) in arms.items():
+        rc = RayCollector(T.make_env_fns(cfg.env, split="train", count=envs // workers), fn, num_workers=workers,
                           episodes_per_batch=episodes, seed=seed, give_task_to_policy=False, weights=policy, **kw)
         t0 = time.perf_counter()
         _timed(rc, seed + 1)
         first = time.perf_counter() - t0
         rows[name] = {**_timed(rc, seed), "first_batch_s": first}
+        if rc.num_engines:  # over both batches: how many workers' calls each generation served
+            rows[name]["engine"] = rc.engine_stats()[0]
         rc.shutdown()
     return rows
 
@@ -118,7 +123,7 @@ def weight_path_ms(repeats: int = 3) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=8)
-    ap.add_argument("--envs", type=int, default=4, help="envs in all (split between the 2 Ray workers)")
+    ap.add_argument("--envs", type=int, default=4, help="envs in all (split between the Ray workers)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -136,6 +141,9 @@ def main() -> None:
     for arm, r in results["arms"].items():
         print(f"| {arm} | {r['episodes_per_s']:.2f} | {r['wall_s']:.1f} | {r['policy_ms_per_step']:.1f} | "
               f"{r['generated_tokens']} | {r.get('first_batch_s', float('nan')):.1f} |")
+    for arm, r in results["arms"].items():
+        if "engine" in r:
+            print(f"{arm}: {r['engine']['calls']:.0f} calls served by {r['engine']['generations']:.0f} generations")
     w = results["weights"]
     print(f"weights: {w['bytes'] / 1e6:.2f} MB; ray.put ms {[round(x, 1) for x in w['put_ms']]}; engine fetch + load ms "
           f"{[round(x, 1) for x in w['engine_fetch_and_load_ms']]}; a 1-token request at a held version ms "

@@ -196,6 +196,12 @@ class RayCollector:
         """Engine processes that replaced a dead one and have answered since (or started)."""
         return sum(max(0, len(p) - 1) for p in self._engine_pids)
 
+    def engine_stats(self) -> list[dict[str, float]]:
+        """Each running engine's :meth:`InferenceEngine.stats` (weight loads, calls, generations)."""
+        import ray
+
+        return ray.get([e.stats.remote() for e in self._engines], timeout=self.engine_timeout_s)
+
     # -- TraceCollector's surface -------------------------------------------------------------------
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:

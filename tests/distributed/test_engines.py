@@ -89,7 +89,7 @@ def test_engine_episodes_and_published_weights_equal_in_process_generation(ray_c
             assert torch.allclose(got["sample_log_prob"], want["sample_log_prob"], equal_nan=True)
         # both workers generated on the one engine, which never restarted and loaded each version once
         assert rc.engine_restarts == 0 and len(rc._engine_pids[0]) == 1
-        assert ray.get(rc._engines[0].stats.remote())["loads"] == 2
+        assert rc.engine_stats()[0]["loads"] == 2
         assert rc.last_batch_stats["engines"] == 1.0
     finally:
         rc.shutdown()
