@@ -15,9 +15,9 @@ frozen_summarizer          PPO bootstrap; summaries written by a frozen copy of 
 =========================  ===================================================================
 
 Regimes: ``default`` (the main job's ``tiny`` tasks at budget 860) and ``long_noisy`` (the
-``long_noisy`` generator preset, ``tiny``'s tasks with half the test runs flaking, at budget 780
-with tool outputs capped at 160 tokens: 3+ compactions in most scripted episodes; 10 turns,
-6 compactions; docs/environments.md).
+``long_noisy`` generator preset, ``tiny``'s tasks with half the test runs flaking, at the same
+budget: every flaked submit must be repeated, which lengthens the chains; 10 turns, 6 compactions;
+docs/environments.md). ``long_noisy``'s arms start from ``default``'s SFT model (``SFT_FROM``).
 
 Equal compute: every arm of a regime gets the same policy-training episodes and the same number
 of policy optimiser steps (``rl.iterations`` x ``epochs`` x ``minibatches``). PPO arms also
@@ -75,9 +75,12 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
-    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.budget": 780,
-                   "env.context_budget.tool_output_cap": 160, "env.context_budget.max_compactions": 6},
+    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6},
 }
+SFT_FROM: dict[str, str] = {"long_noisy": "default"}
+"""Regimes whose arms start from another regime's SFT model (evaluated on their own tasks as their
+iteration 0). ``long_noisy`` has ``default``'s tasks and budget; only its test runs flake, so the
+same warm start serves both, and the two regimes' arms differ in the env alone."""
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
          ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
 """Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
@@ -226,11 +229,12 @@ def run_sft(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
-    if not (run_dir / "report.md").exists():
+    model = spec.get("model") or str(run_dir / "sft_model")  # given: another regime's SFT model
+    if not spec.get("model") and not (run_dir / "report.md").exists():
         train(override(cfg, {"rl.iterations": 0, "rl.critic_pretrain_steps": 0, "eval.initial": False}), run_dir,
               resume=(run_dir / "checkpoint.pt").exists())
-    record = {"regime": spec["regime"], "model": str(run_dir / "sft_model"),
-              "episodes": final_evaluation(cfg, str(run_dir / "sft_model"), spec["final_episodes"]),
+    record = {"regime": spec["regime"], "model": model,
+              "episodes": final_evaluation(cfg, model, spec["final_episodes"]),
               "time_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
               "rows": RunDir(run_dir).rows()[:1]}
     write_json(Path(spec["cell_path"]), record)
@@ -463,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
                 "cell_path": str(out / "cells" / f"{name}.json"), "final_episodes": final_episodes, **extra}
 
     sft_specs = [spec(r, f"{r}__sft", bases[r], out / r / "sft") for r in regimes]
+    for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been)
+        if src := SFT_FROM.get(s["regime"]):
+            source = spec(src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft")
+            if not Path(source["cell_path"]).exists():
+                run_sft(source)
+            s["model"] = json.loads(Path(source["cell_path"]).read_text())["model"]
     _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs)
     sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
     cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",

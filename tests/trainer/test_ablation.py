@@ -110,7 +110,8 @@ def test_boundary_arms_differ_from_the_reference_recipe_only_where_named():
         assert cfg.seed == 3 and cfg.model.pretrained == "m" and not cfg.sft.enabled
     noisy = be.regime_config("full", "long_noisy", threads=1)
     assert noisy.env.difficulty == "long_noisy" and noisy.env.max_turns == 10
-    assert (noisy.env.context_budget.budget, noisy.env.context_budget.tool_output_cap) == (780, 160)
+    # the same env as default but for the task preset (flaky runs) and the limits: one SFT model serves both
+    assert noisy.env.context_budget.budget == base.env.context_budget.budget and be.SFT_FROM == {"long_noisy": "default"}
 
 
 def test_auc_is_mean_success_over_iterations():

@@ -130,9 +130,8 @@ PRESETS: dict[str, CodeTaskConfig] = {
         fact_depth=(0.6, 0.95), distractors_per_fact=4, max_turns=80,
     ),
     # tiny's files, layout and facts, and half of all test runs flake: a flaked submit must be
-    # repeated, so the return after a summary is noisy for reasons no summary controls. The long
-    # chains come from the budget it runs at (780 tokens, tool outputs capped at 160): 3+
-    # compactions in most scripted episodes (measured: docs/environments.md).
+    # repeated, so the return after a summary is noisy for reasons no summary controls, and the
+    # repeats lengthen the chains (measured: docs/environments.md).
     "long_noisy": CodeTaskConfig(
         name="long_noisy", num_modules=1, num_docs=0, file_lines=(5, 8), num_facts=1,
         fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=10,
