@@ -13,7 +13,8 @@ groups to workers round-robin: group ``g`` of a batch runs on worker ``g mod num
 group is therefore never split, and an episode does not depend on which worker ran it: for a
 policy that is a function of its context (scripted, greedy decoding) the batch equals the
 single-process one row for row. Sampled episodes match in distribution only: each worker draws from
-its own random stream (``policy_fn`` receives the worker index to seed it).
+its own random stream (``policy_fn`` receives the worker index to seed it). With ``tokens_per_batch``
+the groups are handed out as workers free up instead (see :meth:`RayCollector._run_by_tokens`).
 
 Weights: :meth:`RayCollector.update_policy_weights_` puts one state dict in the object store and
 every worker (or engine) loads it before its next episodes; each trace row records the
@@ -139,6 +140,8 @@ class RayCollector:
         policy_fn: builds a worker's policy from its index (importable function or picklable object).
         num_workers: rollout worker actors.
         episodes_per_batch: whole episodes per batch (a multiple of ``group_size``).
+        tokens_per_batch: instead, close a batch once its finished traces hold this many tokens
+            (see :meth:`_run_by_tokens`); exactly one of the two must be given.
         weights: the driver's policy (module or state dict) whose weights the workers start from;
             None keeps what ``policy_fn`` built (scripted policies).
         worker_num_cpus: CPUs Ray reserves per worker.
@@ -155,14 +158,15 @@ class RayCollector:
         Other arguments as for :class:`TraceCollector`.
     """
 
-    def __init__(self, env_fns: Sequence[EnvFn], policy_fn: PolicyFn, *, num_workers: int, episodes_per_batch: int,
+    def __init__(self, env_fns: Sequence[EnvFn], policy_fn: PolicyFn, *, num_workers: int,
+                 episodes_per_batch: int | None = None, tokens_per_batch: int | None = None,
                  total_batches: int | None = None, group_size: int = 1, seed: int = 0, pad_id: int = 0,
                  give_task_to_policy: bool = True, reset_options: dict | None = None, weights: Any = None,
                  worker_num_cpus: float = 1.0, threads: int = 1, start_timeout_s: float = 120.0,
                  max_retries: int = 2, num_engines: int = 0, engine_fn: EngineFn | None = None,
                  engine_num_cpus: float = 1.0, engine_num_gpus: float = 0.0, engine_threads: int = 1,
                  engine_max_restarts: int = 2, engine_timeout_s: float = 600.0) -> None:
-        _validate(num_workers, len(env_fns), episodes_per_batch, group_size, start_timeout_s)
+        _validate(num_workers, len(env_fns), episodes_per_batch, tokens_per_batch, group_size, start_timeout_s)
         if num_engines < 0:
             raise ValueError(f"num_engines: expected >= 0, got {num_engines}")
         if engine_timeout_s <= 0:
@@ -170,6 +174,7 @@ class RayCollector:
         self.env_fns, self.policy_fn = list(env_fns), policy_fn
         self.num_workers, self.envs_per_worker = num_workers, len(env_fns)
         self.episodes_per_batch, self.total_batches, self.group_size = episodes_per_batch, total_batches, group_size
+        self.tokens_per_batch = tokens_per_batch
         self.pad_id, self.give_task_to_policy, self.reset_options = pad_id, give_task_to_policy, reset_options
         self.worker_num_cpus, self.threads = worker_num_cpus, threads
         self.start_timeout_s, self.max_retries = start_timeout_s, max_retries
@@ -257,7 +262,7 @@ class RayCollector:
         """Collect one batch of whole episodes on the workers and return its trace batch."""
         results: list[tuple[EpisodeStats, list[Trace], int]] = []
         for _ in range(_MAX_TRACELESS_ROUNDS):
-            results += self._run(self._plan())
+            results += self._run_by_tokens() if self.tokens_per_batch else self._run(self._plan())
             if any(traces for _, traces, _ in results):
                 break
         else:
@@ -266,10 +271,10 @@ class RayCollector:
         self._batches += 1
         return self._batch(sorted(results, key=lambda r: r[0].episode_id))
 
-    def _plan(self) -> list[tuple[int, _Planned]]:
-        """(episode id, plan) of one batch, drawn as TraceCollector draws them."""
+    def _plan(self, groups: int | None = None) -> list[tuple[int, _Planned]]:
+        """(episode id, plan) of ``groups`` whole groups (default: one batch), drawn as TraceCollector draws them."""
         plans = []
-        for _ in range(self.episodes_per_batch // self.group_size):
+        for _ in range(self.episodes_per_batch // self.group_size if groups is None else groups):
             group_id, task_seed = self._next_group_id, int(self._rng.integers(0, 2**31 - 1))
             self._next_group_id += 1
             for _ in range(self.group_size):
@@ -279,36 +284,67 @@ class RayCollector:
 
     def _run(self, plans: list[tuple[int, _Planned]]) -> list[tuple[EpisodeStats, list[Trace], int]]:
         """Run the plan's groups on the workers (group g on worker g mod W), re-running lost shares."""
-        import ray
-
         shares: dict[int, list[tuple[int, _Planned]]] = {}
         first_group = plans[0][1].group_id if plans else 0
         for eid, plan in plans:
             shares.setdefault((plan.group_id - first_group) % self.num_workers, []).append((eid, plan))
+        return self._run_shares(shares)
+
+    def _run_by_tokens(self) -> list[tuple[EpisodeStats, list[Trace], int]]:
+        """Token-count batch: every worker gets whole groups (enough for its envs), and one that finishes
+        gets more while the batch's finished traces hold fewer than ``tokens_per_batch`` tokens; the
+        shares still running when that is reached are finished and included, as in TraceCollector."""
+        groups = max(1, self.envs_per_worker // self.group_size)
+        tokens = 0
+
+        def more(finished: list[tuple[EpisodeStats, list[Trace], int]]) -> list[tuple[int, _Planned]] | None:
+            nonlocal tokens
+            tokens += sum(stats.trace_tokens for stats, _, _ in finished)
+            return self._plan(groups) if tokens < self.tokens_per_batch else None
+
+        return self._run_shares({w: self._plan(groups) for w in range(self.num_workers)}, more)
+
+    def _run_shares(self, shares: dict[int, list[tuple[int, _Planned]]], more: Callable | None = None,
+                    ) -> list[tuple[EpisodeStats, list[Trace], int]]:
+        """Run each worker's share, re-running the share of a worker that died; ``more(results of a
+        share)`` may return the next share for the worker that ran it (None: nothing more)."""
+        import ray
+
         self._ensure_workers(sorted(shares))
-        calls = {self._workers[w].run.remote([p for _, p in share]): (w, 0) for w, share in shares.items()}
+        calls = {}
+
+        def submit(w: int, share: list[tuple[int, _Planned]], tries: int) -> None:
+            calls[self._workers[w].run.remote([p for _, p in share])] = (w, share, tries)
+
+        for w, share in shares.items():
+            submit(w, share, 0)
         out = []
         while calls:
             done, _ = ray.wait(list(calls), num_returns=1)
-            w, tries = calls.pop(done[0])
+            w, share, tries = calls.pop(done[0])
             try:
                 episodes, engine_pids = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__,
-                            len(shares[w]))
+                            len(share))
                 self._workers[w] = None
                 if tries < self.max_retries:
                     self.restarts += 1
                     self._ensure_workers([w])
-                    calls[self._workers[w].run.remote([p for _, p in shares[w]])] = (w, tries + 1)
+                    submit(w, share, tries + 1)
                 else:
-                    out += [(_lost(eid, plan, exc), [], self.policy_version) for eid, plan in shares[w]]
+                    out += [(_lost(eid, plan, exc), [], self.policy_version) for eid, plan in share]
                 continue
             if self.num_engines:
                 self._engine_pids[w % self.num_engines].update(engine_pids)
-            for (eid, plan), (stats, traces, version) in zip(shares[w], episodes):
+            finished = []
+            for (eid, plan), (stats, traces, version) in zip(share, episodes):
                 stats.episode_id, stats.group_id = eid, plan.group_id
-                out.append((stats, traces, version))
+                finished.append((stats, traces, version))
+            out += finished
+            nxt = more(finished) if more is not None else None
+            if nxt:
+                submit(w, nxt, 0)
         return out
 
     def _ensure_workers(self, indices: Sequence[int]) -> None:
@@ -400,14 +436,18 @@ def _state_of(policy_or_weights: Any) -> dict[str, Any]:
     return {k: v.detach().cpu() for k, v in policy_or_weights.state_dict().items()}
 
 
-def _validate(workers: int, envs: int, episodes: int, group: int, timeout: float) -> None:
+def _validate(workers: int, envs: int, episodes: int | None, tokens: int | None, group: int, timeout: float) -> None:
     if workers < 1:
         raise ValueError(f"num_workers: expected >= 1, got {workers}")
     if envs < 1:
         raise ValueError(f"env_fns: expected at least one env constructor per worker, got {envs}")
     if group < 1:
         raise ValueError(f"group_size: expected >= 1, got {group}")
-    if episodes < 1 or episodes % group:
+    if (episodes is None) == (tokens is None):
+        raise ValueError(f"episodes_per_batch / tokens_per_batch: expected exactly one, got {episodes} / {tokens}")
+    if episodes is not None and (episodes < 1 or episodes % group):
         raise ValueError(f"episodes_per_batch: expected a positive multiple of group_size={group}, got {episodes}")
+    if tokens is not None and tokens < 1:
+        raise ValueError(f"tokens_per_batch: expected >= 1, got {tokens}")
     if timeout <= 0:
         raise ValueError(f"start_timeout_s: expected > 0, got {timeout}")

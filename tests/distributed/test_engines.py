@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from compactrl.policies.scripted import OraclePolicy
 pytestmark = pytest.mark.timeout(240)
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import the tests folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))  # the vLLM stand-ins of its tests
 
 ENV = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
        "env.context_budget.tool_output_cap": 192}
@@ -170,33 +172,6 @@ def test_waiting_for_an_engine_is_bounded(ray_cluster):
 # -- the vLLM engine's weight path, without vLLM ---------------------------------------------------------
 
 
-class _Loader:
-    """Stands where vLLM's model sits in a GPU worker: ``load_weights`` takes checkpoint names."""
-
-    def __init__(self):
-        self.received: list[tuple[str, torch.Tensor]] = []
-        self._p = torch.nn.Parameter(torch.zeros(1))
-
-    def parameters(self):
-        return iter([self._p])
-
-    def load_weights(self, weights):
-        self.received += list(weights)
-
-
-class _LLM:
-    """Routes ``collective_rpc`` to the worker extension as ``vllm.LLM`` does (one worker)."""
-
-    def __init__(self, worker):
-        self.worker, self.resets = worker, 0
-
-    def collective_rpc(self, method, args=()):
-        return [getattr(self.worker, method)(*args)]
-
-    def reset_prefix_cache(self):
-        self.resets += 1
-
-
 def test_a_vllm_engine_loads_a_published_state_dict_under_checkpoint_names(tmp_path):
     from types import SimpleNamespace
 
@@ -207,9 +182,11 @@ def test_a_vllm_engine_loads_a_published_state_dict_under_checkpoint_names(tmp_p
     cfg = _cfg(**{"model.num_layers": 2})  # the second layer has experts
     policy, _ = T.build_policy(cfg, shared_tokenizer())
     policy.model.config.save_pretrained(tmp_path)  # the served model's config, as on the GPU node
+    from test_vllm_policy import _CheckpointLoader, _RecordingLLM  # the stand-ins for vLLM's worker and LLM
+
     worker = type("Worker", (WeightSyncWorkerExtension,), {})()
-    worker.model_runner = SimpleNamespace(model=_Loader())
-    llm = _LLM(worker)
+    worker.model_runner = SimpleNamespace(model=_CheckpointLoader(policy.model))
+    llm = _RecordingLLM(worker)
     engine = VLLMPolicy(str(tmp_path), shared_tokenizer(), llm=llm)
     state = {k: v.clone() for k, v in policy.state_dict().items()}  # what the driver puts in the store
     load_published(engine, state)

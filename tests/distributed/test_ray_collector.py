@@ -197,3 +197,37 @@ def test_the_trainer_builds_a_ray_collector_from_the_config_and_refuses_a_frozen
     assert c.episodes_per_batch == cfg.rl.episodes_per_iter and c.state_dict()["seed"] == cfg.seed + 1
     with pytest.raises(ValueError, match="rl.frozen_summarizer"):
         T.start_rollouts(T.Run(override(cfg, {"rl.frozen_summarizer": True}), None, policy, None, pad_id=0))
+
+
+def test_token_count_batches_equal_the_single_process_ones(ray_cluster):
+    env_fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    single = TraceCollector(env_fns, _oracle(0), tokens_per_batch=2000, seed=3)
+    try:
+        want = single.next()
+    finally:
+        single.shutdown()
+    rc = RayCollector(env_fns, _oracle, num_workers=1, tokens_per_batch=2000, seed=3)
+    try:  # one worker with one env plans as one process with one env does: an episode at a time
+        _same_batch(rc.next(), want)
+        assert rc.state_dict()["next_episode_id"] == single.state_dict()["next_episode_id"] >= 2
+    finally:
+        rc.shutdown()
+
+
+def test_token_count_batches_on_several_workers_hold_whole_groups_of_the_same_episodes(ray_cluster):
+    env_fns = T.make_env_fns(_cfg().env, split="train", count=2)
+    rc = RayCollector(env_fns, _oracle, num_workers=2, tokens_per_batch=5000, group_size=2, seed=3)
+    try:
+        got = rc.next()
+        stats = rc.last_episode_stats
+    finally:
+        rc.shutdown()
+    assert sum(s.trace_tokens for s in stats) >= 5000
+    assert [s.episode_id for s in stats] == list(range(len(stats))) and len(stats) % 2 == 0
+    assert all([s.group_id for s in stats].count(s.group_id) == 2 for s in stats), "a group was split"
+    (want,), _ = _single(env_fns, _oracle(0), episodes=len(stats), group_size=2)
+    _same_batch(got, want)  # the same task seeds in the same order, whichever worker ran them
+    with pytest.raises(ValueError, match="exactly one"):
+        RayCollector(env_fns, _oracle, num_workers=1)
+    with pytest.raises(ValueError, match="tokens_per_batch"):
+        RayCollector(env_fns, _oracle, num_workers=1, tokens_per_batch=0)
