@@ -158,6 +158,28 @@ def test_an_engine_lost_for_good_stops_the_run_with_a_clear_error(ray_cluster, t
         rc.shutdown()
 
 
+class _Stuck:
+    """A policy whose generation never ends (a hung engine)."""
+
+    def act(self, requests):
+        threading.Event().wait(600)
+
+
+def _stuck_engine(index: int):
+    return _Stuck()
+
+
+def test_an_engine_that_does_not_answer_stops_the_run_after_engine_timeout_s(ray_cluster):
+    env_fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    rc = RayCollector(env_fns, None, num_workers=1, num_engines=1, episodes_per_batch=1, engine_fn=_stuck_engine,
+                      engine_timeout_s=2.0, **SMALL)
+    try:
+        with pytest.raises(RuntimeError, match=r"engine actor 0 did not answer 1 requests within timeout_s=2.0s"):
+            rc.next()
+    finally:
+        rc.shutdown()
+
+
 def test_waiting_for_an_engine_is_bounded(ray_cluster):
     fns = T.make_env_fns(_cfg().env, split="train", count=1)
     rc = RayCollector(fns, _oracle, num_workers=1, num_engines=1, episodes_per_batch=1, engine_num_cpus=3,
