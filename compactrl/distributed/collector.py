@@ -63,6 +63,9 @@ PolicyFn = Callable[[int], Policy]
 _MAX_TRACELESS_ROUNDS = 8
 """Batches in a row whose every episode ended without a trace before collection gives up."""
 
+_MAX_TRACELESS_EPISODES = 64
+"""Episodes of a token-count batch that may end without a trace before it stops handing out more."""
+
 
 class _PlanCollector(TraceCollector):
     """A worker's collector: runs a given plan of (group, task seed) episodes, as ``next`` would.
@@ -295,11 +298,14 @@ class RayCollector:
         gets more while the batch's finished traces hold fewer than ``tokens_per_batch`` tokens; the
         shares still running when that is reached are finished and included, as in TraceCollector."""
         groups = max(1, self.envs_per_worker // self.group_size)
-        tokens = 0
+        tokens = episodes = 0
 
         def more(finished: list[tuple[EpisodeStats, list[Trace], int]]) -> list[tuple[int, _Planned]] | None:
-            nonlocal tokens
+            nonlocal tokens, episodes
             tokens += sum(stats.trace_tokens for stats, _, _ in finished)
+            episodes += len(finished)
+            if not tokens and episodes >= _MAX_TRACELESS_EPISODES:
+                return None  # every env is failing: next() decides whether to try again
             return self._plan(groups) if tokens < self.tokens_per_batch else None
 
         return self._run_shares({w: self._plan(groups) for w in range(self.num_workers)}, more)

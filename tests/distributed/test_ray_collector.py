@@ -231,3 +231,21 @@ def test_token_count_batches_on_several_workers_hold_whole_groups_of_the_same_ep
         RayCollector(env_fns, _oracle, num_workers=1)
     with pytest.raises(ValueError, match="tokens_per_batch"):
         RayCollector(env_fns, _oracle, num_workers=1, tokens_per_batch=0)
+
+
+class _BrokenSandbox(gym.Wrapper):
+    """Every reset fails as a lost sandbox does (an infrastructure error, survived per episode)."""
+
+    def reset(self, **kw):
+        raise OSError("sandbox gone")
+
+
+def test_a_token_count_batch_whose_envs_all_fail_stops_with_an_error_not_a_hang(ray_cluster):
+    base = T.make_env_fns(_cfg().env, split="train", count=1)
+    broken = [functools.partial(lambda fn: _BrokenSandbox(fn()), fn) for fn in base]
+    rc = RayCollector(broken, _oracle, num_workers=1, tokens_per_batch=1000)
+    try:
+        with pytest.raises(RuntimeError, match="ended without a finished trace"):
+            rc.next()
+    finally:
+        rc.shutdown()
