@@ -64,7 +64,8 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--instance-ids", default=None, help="SWE-bench: comma-separated instance ids to load")
     g.add_argument("--swebench-specs", default=None,
                    help="SWE-bench: JSON/YAML file of per-repository (owner/name, owner/name@version) or per-instance "
-                        "python, setup, test_command, log_parser, generated_files")
+                        "python, setup, test_command, log_parser, generated_files, checkout (`compactrl tasks prepare` "
+                        "writes one: its specs.json)")
     g.add_argument("--setup", action="append", default=[], help="setup command run before the agent (repeatable)")
     g.add_argument("--image", default=None, help="Terminal-Bench/docker: image for every task")
     g.add_argument("--tb-grading", default="auto", choices=("auto", "script", "pytest"),

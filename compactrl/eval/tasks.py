@@ -84,7 +84,8 @@ def evaluate_tasks(
             collector.shutdown()
         stats.update(zip(index, collector.last_episode_stats))
     ordered = [stats[i] for i in range(len(tasks))]
-    return summarize_episodes(ordered), [_record(i, t, s) for i, (t, s) in enumerate(zip(tasks, ordered))]
+    builds = backend == "docker" and (sandbox_kwargs or {}).get("build_images", True)
+    return summarize_episodes(ordered), [_record(i, t, s, builds) for i, (t, s) in enumerate(zip(tasks, ordered))]
 
 
 def run_task(task: Task, policy, backend: str, **kwargs: Any) -> dict[str, Any]:
@@ -92,12 +93,14 @@ def run_task(task: Task, policy, backend: str, **kwargs: Any) -> dict[str, Any]:
     return evaluate_tasks([task], policy, backend, **kwargs)[1][0]
 
 
-def _record(position: int, task: Task, stats: EpisodeStats) -> dict[str, Any]:
+def _record(position: int, task: Task, stats: EpisodeStats, builds_images: bool) -> dict[str, Any]:
     record = stats.to_dict()
     # the task's id also when its reset failed; one collector per kind numbers its own episodes
     record.update(episode_id=position, task_id=task.id, source=task.source, kind=task.kind)
-    # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback)
-    notes = [*task.metadata.get("image_only", ()), *filter(None, [task.metadata.get("grading_note")])]
+    # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback); the
+    # docker backend builds a task's own image, which runs those steps itself
+    built = builds_images and "image_build" in task.metadata and not task.docker_image
+    notes = [*(() if built else task.metadata.get("image_only", ())), *filter(None, [task.metadata.get("grading_note")])]
     if notes:
         record["task_notes"] = notes
     return record

@@ -143,6 +143,17 @@ def test_eval_cli_on_a_set_reports_bad_tasks_notes_and_grading(tmp_path, capsys,
     assert record["success"] and record["task_notes"][0].startswith("RUN apt apt-get")
 
 
+def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks_image() -> None:
+    from compactrl.collectors.trace_collector import EpisodeStats
+    from compactrl.eval.tasks import _record
+
+    task = load_task_dir(PAYLOAD)
+    assert task.metadata["image_only"] and "image_build" in task.metadata
+    notes = task.metadata["image_only"]
+    assert _record(0, task, EpisodeStats(0, 0, 0), builds_images=False)["task_notes"][:len(notes)] == list(notes)
+    assert not set(notes) & set(_record(0, task, EpisodeStats(0, 0, 0), builds_images=True).get("task_notes", ()))
+
+
 def test_compose_services_besides_the_client_are_a_reason(tmp_path) -> None:
     extra = "  db:\n    image: postgres:16\n"
     task = load_task_dir(_copy_appending(tmp_path, PAYLOAD, "docker-compose.yaml", extra))
