@@ -5,8 +5,14 @@ remote Ray for a run (:mod:`compactrl.distributed.cluster`), and experiment cell
 
 from compactrl.distributed.cluster import connect, local_ray, ray_for_run
 from compactrl.distributed.collector import RayCollector, RolloutWorker
-from compactrl.distributed.engines import EngineClient, EngineLost, InferenceEngine, vllm_engine
+from compactrl.distributed.engines import (
+    EngineClient,
+    EngineLost,
+    InferenceEngine,
+    served_engine,
+    vllm_engine,
+)
 from compactrl.distributed.tasks import run_on_ray
 
 __all__ = ["EngineClient", "EngineLost", "InferenceEngine", "RayCollector", "RolloutWorker", "connect", "local_ray",
-           "ray_for_run", "run_on_ray", "vllm_engine"]
+           "ray_for_run", "run_on_ray", "served_engine", "vllm_engine"]

@@ -4,8 +4,9 @@ With ``num_engines > 0`` a :class:`~compactrl.distributed.RayCollector` starts t
 actors (:class:`InferenceEngine`) and rollout worker ``w`` generates on engine ``w mod num_engines``
 through an :class:`EngineClient`, a policy that forwards each round's requests (one batched
 ``act``) and returns the engine's responses, token ids and log-probs exact. An engine holds any
-compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` on CPUs, or a
-``VLLMPolicy`` on a GPU (:func:`vllm_engine`). An engine gathers the calls that arrive while it
+compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` on CPUs (in process, or
+behind ``compactrl serve`` on the node's loopback: :func:`served_engine`), or a ``VLLMPolicy`` on a
+GPU (:func:`vllm_engine`). An engine gathers the calls that arrive while it
 generates and serves them together in its next generation.
 
 Weights: the driver puts each version's state dict in the object store once and hands the
@@ -239,6 +240,42 @@ def engine_client(engines: Sequence[Any], timeout_s: float, max_losses: int, wor
     """Worker ``worker_index``'s client of engine ``worker_index mod len(engines)`` (a ``policy_fn``)."""
     e = worker_index % len(engines)
     return EngineClient(engines[e], e, timeout_s=timeout_s, max_losses=max_losses)
+
+
+class ServedEngine:
+    """An engine's policy served by ``compactrl serve`` on the loopback interface of the engine's node.
+
+    The engine generates through the OpenAI-compatible ``/v1/completions`` endpoint (token-id prompts
+    in, token ids and log-probs out), as any client of that server would; published weights load
+    into the served model in place (the engine loads only between its generations). Built by
+    :func:`served_engine`.
+    """
+
+    def __init__(self, policy: Any) -> None:
+        from compactrl.policies.openai_client import OpenAICompletionsPolicy
+        from compactrl.policies.serve import ServeConfig, make_server
+
+        self.policy = policy
+        self.server = make_server(policy, ServeConfig(host="127.0.0.1", port=0, model_name="engine")).start()
+        s = policy.sampling
+        self.client = OpenAICompletionsPolicy(
+            self.server.url, "engine", tokenizer=policy.tokenizer, temperature=s.temperature, top_p=s.top_p,
+            top_k=s.top_k, max_new_tokens=policy.max_new_tokens, context_length=policy.context_length,
+            stop_token_ids=policy.stop_token_ids)
+
+    def act(self, requests: Sequence[PolicyRequest]) -> list[str]:
+        return self.client.act(requests)
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.policy.load_state_dict(state)
+
+
+def served_engine(policy_fn: EngineFn, index: int) -> ServedEngine:
+    """An ``engine_fn``: ``policy_fn(index)`` (a ``TransformersPolicy``) behind ``compactrl serve`` on loopback.
+
+    Use it as ``RayCollector(..., engine_fn=functools.partial(served_engine, policy_fn))``.
+    """
+    return ServedEngine(policy_fn(index))
 
 
 def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] | None = None,

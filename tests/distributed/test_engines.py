@@ -97,6 +97,30 @@ def test_engine_episodes_and_published_weights_equal_in_process_generation(ray_c
         rc.shutdown()
 
 
+@pytest.mark.slow
+def test_a_served_engine_gives_the_in_process_episodes_and_loads_published_weights(ray_cluster):
+    from compactrl.distributed import served_engine
+
+    cfg = _cfg(**{"env.max_turns": 4})
+    policy = _greedy_engine(cfg.to_json(), 0)
+    with torch.no_grad():  # weights the served model's own build lacks
+        for p in policy.parameters():
+            p.mul_(0.7)
+    env_fns = T.make_env_fns(cfg.env, split="train", count=2)
+    want = _single(env_fns, policy, episodes=4, give_task=False)
+    engine_fn = functools.partial(served_engine, functools.partial(_greedy_engine, cfg.to_json()))
+    rc = RayCollector(env_fns, None, num_workers=2, num_engines=1, episodes_per_batch=4, seed=3,
+                      give_task_to_policy=False, weights=policy, engine_fn=engine_fn, **SMALL)
+    try:  # through compactrl serve on the engine's loopback: token ids and log-probs as in process
+        got = rc.next()
+        for key in ("tokens", "policy_mask", "summary_mask", "episode_id", "trace_index"):
+            assert torch.equal(got[key], want[key]), key
+        assert torch.allclose(got["sample_log_prob"], want["sample_log_prob"], atol=1e-5, equal_nan=True)
+        assert rc.engine_stats()[0]["loads"] == 1
+    finally:
+        rc.shutdown()
+
+
 class _DieOnAct:
     """An oracle whose process dies at its second act call, once per marker file (the first engine there)."""
 

@@ -64,7 +64,9 @@ def _shm() -> set[str]:
 
 
 def _run(args: list[str], tmp: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TMPDIR": tmp}
+    # a child of a fresh shell: not the address switch that the session's own local Ray (the ray_cluster
+    # fixture, when another test file started it first) has set in this process's environment
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | {"TMPDIR": tmp}
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
 
 
