@@ -38,11 +38,14 @@ effect at 80% power.
 
 One cell is (regime, arm, seed). A finished cell is written to ``cells/`` at once and never run
 again under ``--resume``; ``results.json`` and ``results.md`` are regenerated from the cells.
-Cells run in ``--jobs`` processes (one torch thread each)::
+Cells run in ``--jobs`` processes (one torch thread each), or, with ``--ray`` / ``--ray-address``, as
+Ray tasks, at most ``--jobs`` at once (docs/distributed.md); on a cluster ``--out`` must be on a
+filesystem every node sees at the same path::
 
     python benchmarks/boundary_experiment.py --out runs/boundary               # the full experiment
     python benchmarks/boundary_experiment.py --out runs/boundary --resume      # continue / re-render
     python benchmarks/boundary_experiment.py --smoke --out /tmp/boundary-smoke # seconds (CI)
+    python benchmarks/boundary_experiment.py --ray-address auto --jobs 80 --out /shared/boundary  # a cluster
 """
 
 from __future__ import annotations
@@ -417,7 +420,19 @@ def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str
 # -- the command -----------------------------------------------------------------------------------
 
 
-def _run_all(fn, specs: list[dict], jobs: int) -> None:
+def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, threads: int = 1) -> None:
+    """``fn(spec)`` for every spec: in this process, in ``jobs`` processes, or (``ray_address`` not None;
+    "" = a local Ray) as Ray tasks of ``threads`` CPUs, never starting one whose cell file exists."""
+    if ray_address is not None and specs:
+        import ray.cloudpickle
+
+        from compactrl.distributed import ray_for_run, run_on_ray
+
+        if __name__ != "__main__":  # imported (tests): the workers cannot import this script by name
+            ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        with ray_for_run(ray_address):
+            run_on_ray(fn, specs, max_concurrency=jobs, done=lambda s: Path(s["cell_path"]).exists(), num_cpus=threads)
+        return
     if jobs <= 1 or len(specs) <= 1:
         for spec in specs:
             fn(spec)
@@ -439,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
     p.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regimes")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel, one torch thread each")
+    p.add_argument("--ray", action="store_true", help="run the cells as tasks on a local Ray")
+    p.add_argument("--ray-address", default=None, help="run the cells on this Ray cluster (host:port or auto)")
     p.add_argument("--final-episodes", type=int, default=None, help="held-out episodes per final evaluation")
     p.add_argument("--oracle", type=int, default=0, metavar="EPISODES",
                    help="only measure the regimes with the scripted oracle on EPISODES held-out tasks")
@@ -454,7 +471,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.oracle:
         print(oracle_table(regimes, args.oracle))  # noqa: T201 - benchmark output
         return 0
+    ray_address = args.ray_address if args.ray_address is not None else ("" if args.ray else None)
     out, t0 = Path(args.out), time.perf_counter()
+    if ray_address is not None:
+        out = out.resolve()  # Ray tasks may run on another node or in another directory
     if (out / "cells").exists() and not args.resume:
         raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
     seeds = args.seeds or BUDGETS[budget]["seeds"]
@@ -473,13 +493,13 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(source["cell_path"]).exists():
                 run_sft(source)
             s["model"] = json.loads(Path(source["cell_path"]).read_text())["model"]
-    _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs)
+    _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs, ray_address, threads)
     sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
     cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",
                        arm=a, seed=s) for r in regimes for s in range(seeds) for a in arms]
     todo = [s for s in cell_specs if not Path(s["cell_path"]).exists()]
     log.info("%d cells, %d to run (%d finished)", len(cell_specs), len(todo), len(cell_specs) - len(todo))
-    _run_all(run_cell, todo, args.jobs)
+    _run_all(run_cell, todo, args.jobs, ray_address, threads)
     cells = [json.loads(Path(s["cell_path"]).read_text()) for s in cell_specs]
     base = next(iter(bases.values()))
     results = {
