@@ -93,6 +93,18 @@ def test_boundary_experiment_resume_never_reruns_a_finished_cell(tmp_path, monke
     assert "ppo_bootstrap - grpo" in results["regimes"]["default"]["paired"]
     assert "MDE80" in (tmp_path / "results.md").read_text()
 
+    # SFT_FROM: long_noisy's arms start from default's SFT model, evaluated on long_noisy's tasks, never retrained
+    calls.clear()
+    assert be.main(["--smoke", "--regimes", "long_noisy", "--arms", "grpo", "--seeds", "1", "--jobs", "1",
+                    "--out", str(tmp_path), "--resume"]) == 0
+    sft = json.loads((cells / "long_noisy__sft.json").read_text())
+    assert sft["model"] == json.loads((cells / "default__sft.json").read_text())["model"]
+    assert sft["episodes"]  # its own held-out episodes, on long_noisy's tasks
+    assert calls == [tmp_path / "long_noisy" / "grpo" / "seed0"]  # no SFT run for long_noisy
+    cell = json.loads((cells / "long_noisy__grpo__seed0.json").read_text())
+    assert json.loads((tmp_path / "long_noisy" / "grpo" / "seed0" / "config.json").read_text())["model"]["pretrained"] \
+        == sft["model"] and cell["regime"] == "long_noisy"
+
 
 def test_boundary_arms_differ_from_the_reference_recipe_only_where_named():
     from compactrl.algos.config import preset
