@@ -86,7 +86,7 @@ def table(cells: list[dict]) -> str:
 
     cells = sorted(cells, key=lambda c: c["seed"])
     lines = ["| pre-training steps | AUC (mean over seeds) | AUC per seed | EV vs outcome (mean) | "
-             "successes in the batch just trained on (per seed) |", "|---|---|---|---|---|"]
+             "success rate of the batch just trained on (per seed) |", "|---|---|---|---|---|"]
     for steps in sorted({s["steps"] for c in cells for s in c["scores"]}):
         rows = [next((s for s in c["scores"] if s["steps"] == steps), None) for c in cells]
         auc = [row["critic/trace_start_auc"] if row else None for row in rows]
