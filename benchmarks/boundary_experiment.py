@@ -56,6 +56,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -205,6 +206,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
     if not (run_dir / "report.md").exists():
+        if (run_dir / "config.json").exists() and not (run_dir / "checkpoint.pt").exists():
+            shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing to resume, start over
         train(cfg, run_dir, resume=(run_dir / "checkpoint.pt").exists())
     rows = RunDir(run_dir).rows()
     record = {
