@@ -3,17 +3,19 @@
 From a regime's SFT model (the boundary experiment's, ``benchmarks/boundary_experiment.py``), per
 seed: the trainer's own setup builds the critic from the SFT policy (as the recipe does), the
 held-out episodes (``--episodes`` of the trainer's evaluation stream, greedy) are played once, and
-the critic is then pre-trained batch by batch exactly as ``critic_pretrain_phase`` does (fresh
-rollouts of the SFT policy, ``epochs x minibatches x critic_updates`` critic steps per batch, no
-policy update). After each batch it is scored on the same held-out episodes: the value at the first
+the critic is then pre-trained batch by batch by the trainer's own ``critic_pretrain_batches``
+(fresh rollouts of the SFT policy, ``epochs x minibatches x critic_updates`` critic steps per
+batch, no policy update), in two variants: ``latest`` (each batch's steps see that batch alone) and
+``replay`` (they see every batch collected so far: ``rl.critic_pretrain_replay``, the default). After each batch it is scored on the same held-out episodes: the value at the first
 policy token of every trace k >= 1 against the episode's outcome (``critic/trace_start_auc``) and
 the explained variance against the reward to go (the outcome at gamma 1 without per-trace rewards).
 The critic, targets and env are the experiment's (reference recipe, the regime's env and budget).
 
-One JSON per seed under ``--out`` (a finished one is never run again) and ``results.md``::
+One JSON per variant and seed under ``--out`` (a finished one is never run again) and
+``results.md`` with a table per variant::
 
     python benchmarks/critic_pretrain_auc.py --out benchmarks/results/critic_pretrain_auc \\
-        --sft benchmarks/results/boundary_experiment/default/sft/sft_model --max-steps 96 --seeds 3
+        --sft benchmarks/results/boundary_experiment/default/sft/sft_model --max-steps 64 --seeds 2
 """
 
 from __future__ import annotations
@@ -34,17 +36,18 @@ from boundary_experiment import regime_config, write_json  # noqa: E402  (the ex
 KEYS = ("critic/trace_start_auc", "critic/trace_start_ev", "critic/trace_starts")
 
 
-def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, run_dir: Path) -> dict:
+def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, run_dir: Path, *,
+             replay: bool) -> dict:
     """Pre-train a critic batch by batch up to ``max_steps`` steps; its held-out figures after each batch."""
     from compactrl.algos.config import override
     from compactrl.algos.run_dir import RunDir
-    from compactrl.algos.trainer import make_env_fns, setup, start_rollouts, trim_padding
+    from compactrl.algos.trainer import critic_pretrain_batches, make_env_fns, setup, start_rollouts
     from compactrl.eval.episodes import evaluate_policy
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = override(regime_config("full", regime, threads=2), {
         "model.pretrained": sft, "sft.enabled": False, "seed": seed, "rl.algo": "ppo", "rl.iterations": 0,
-        "rl.critic_pretrain_steps": max_steps, "eval.episodes": episodes})
+        "rl.critic_pretrain_steps": max_steps, "rl.critic_pretrain_replay": replay, "eval.episodes": episodes})
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted seed starts over (it has no checkpoint)
     run = RunDir(run_dir)
     run.create(cfg.to_json(), resume=False)
@@ -54,18 +57,13 @@ def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, ru
     e = cfg.eval
     success, _ = evaluate_policy(make_env_fns(cfg.env, split=e.split, count=cfg.env.num_envs), r.eval_policy,
                                  episodes=episodes, seed=e.seed, pad_id=r.pad_id, on_batch=held.append)
-    scores = [{"steps": 0, **_figures(r, held[0])}]
-    done = 0
-    while done < max_steps:
-        batch = trim_padding(r.collector.next())
-        r.updater.advantages(batch)
-        step = min(r.updater.steps_per_batch(), max_steps - done)
-        r.updater.update(batch, train_policy=False, max_critic_steps=step)
-        done += step
+    scores, done = [{"steps": 0, **_figures(r, held[0])}], 0
+    for steps, row in critic_pretrain_batches(r, max_steps):  # the trainer's own phase, batch by batch
+        done += steps
         scores.append({"steps": done, "batch_success": r.collector.last_batch_stats.get("success_rate"),
-                       **_figures(r, held[0])})
+                       "pool_episodes": row["pool_episodes"], **_figures(r, held[0])})
     r.collector.shutdown()
-    return {"seed": seed, "regime": regime, "sft": sft, "episodes": episodes,
+    return {"seed": seed, "regime": regime, "sft": sft, "episodes": episodes, "replay": replay,
             "held_out_success": success["success_rate"], "scores": scores,
             "wall_clock_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
@@ -97,24 +95,38 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines) + f"\n\nHeld-out success of the SFT policy on the scored episodes, per seed: {held}.\n"
 
 
+VARIANTS = {"latest": False, "replay": True}
+"""``latest``: each batch's steps train on that batch alone (``rl.critic_pretrain_replay=False``);
+``replay``: on every batch collected so far (the recipe's default)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="output directory (one JSON per seed, results.md)")
+    p.add_argument("--out", required=True, help="output directory (one JSON per seed and variant, results.md)")
     p.add_argument("--sft", required=True, help="the regime's SFT model directory")
     p.add_argument("--regime", default="default", help="the boundary experiment's regime the SFT model is of")
     p.add_argument("--max-steps", type=int, default=96, help="critic pre-training steps in all")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--episodes", type=int, default=64, help="held-out episodes the critic is scored on")
+    p.add_argument("--variants", default="latest,replay",
+                   help="comma-separated: latest (train on the last batch) and/or replay (on all batches so far)")
     args = p.parse_args(argv)
-    out, cells = Path(args.out), []
-    for seed in range(args.seeds):
-        path = out / "cells" / f"{args.regime}__seed{seed}.json"
-        if not path.exists():
-            write_json(path, run_seed(args.sft, args.regime, args.max_steps, seed, args.episodes,
-                                      out / "runs" / f"{args.regime}__seed{seed}"))
-        cells.append(json.loads(path.read_text()))
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := [v for v in variants if v not in VARIANTS]:
+        raise SystemExit(f"--variants: expected names from {sorted(VARIANTS)}, got {unknown}")
+    out, sections = Path(args.out), []
+    for variant in variants:
+        cells = []
+        for seed in range(args.seeds):
+            name = f"{args.regime}__{variant}__seed{seed}"
+            path = out / "cells" / f"{name}.json"
+            if not path.exists():
+                write_json(path, run_seed(args.sft, args.regime, args.max_steps, seed, args.episodes,
+                                          out / "runs" / name, replay=VARIANTS[variant]))
+            cells.append(json.loads(path.read_text()))
+        sections.append(f"### `{variant}`\n\n" + table(cells))
     text = (f"Critic trace-start AUC by pre-training steps, {args.regime} regime, from `{args.sft}`, "
-            f"{args.episodes} held-out episodes (the same ones after every batch)\n\n" + table(cells))
+            f"{args.episodes} held-out episodes (the same ones after every batch)\n\n" + "\n".join(sections))
     (out / "results.md").write_text(text)
     print(text)  # noqa: T201 - benchmark output
     return 0

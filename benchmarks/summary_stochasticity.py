@@ -294,17 +294,35 @@ TABLE = [("summary tokens", "summary_tokens_mean", "{:.1f}"), ("length CV", "sum
 
 def experiment_models(root: Path, seeds: int) -> list[tuple[str, str, int | None, Path]]:
     """(regime, arm, seed, model dir) of the SFT models (arm ``sft``, seed None) and the arms' final
-    models of seeds ``0..seeds-1`` found under a boundary-experiment folder, in a stable order."""
+    models of seeds ``0..seeds-1`` found under a boundary-experiment folder, in a stable order.
+
+    A regime's SFT model is the one its arms started from: ``cells/<regime>__sft.json``'s ``model``
+    (another regime's, under the experiment's ``SFT_FROM``), else ``<regime>/sft/sft_model``."""
     found = []
-    for sft in sorted(root.glob("*/sft/sft_model")):
-        regime = sft.parts[-3]
+    for regime_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "cells"):
+        regime = regime_dir.name
+        sft = _sft_model(root, regime)
+        if sft is None:
+            continue
         found.append((regime, "sft", None, sft))
-        for arm_dir in sorted(p for p in (root / regime).iterdir() if p.is_dir() and p.name != "sft"):
+        for arm_dir in sorted(p for p in regime_dir.iterdir() if p.is_dir() and p.name != "sft"):
             for seed in range(seeds):
                 model = arm_dir / f"seed{seed}" / "final_model"
                 if model.is_dir():
                     found.append((regime, arm_dir.name, seed, model))
     return found
+
+
+def _sft_model(root: Path, regime: str) -> Path | None:
+    cell = root / "cells" / f"{regime}__sft.json"
+    if cell.exists():
+        given = Path(json.loads(cell.read_text())["model"])
+        # the stored path may be relative to where the experiment ran: the same folder under root
+        for path in (given, root / Path(*given.parts[-3:])):
+            if path.is_dir():
+                return path
+    own = root / regime / "sft" / "sft_model"
+    return own if own.is_dir() else None
 
 
 def _cell(values: list[float], fmt: str) -> str:

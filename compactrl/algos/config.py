@@ -164,6 +164,11 @@ class SFTConfig:
     second_lr: float = 1e-3
     """Learning rate of the second phase (AdamW, cosine decay to 10%)."""
 
+    @property
+    def total_steps(self) -> int:
+        """Optimiser steps of every phase (copy warm-up, SFT, second phase); 0: nothing to run."""
+        return self.copy_steps + self.steps + (self.second_steps if self.second_demonstrator != "none" else 0)
+
     def __post_init__(self) -> None:
         _check(0.0 <= self.summary_quality <= 1.0, "sft.summary_quality", "a value in [0, 1]", self.summary_quality)
         _check(self.demonstrator in DEMONSTRATORS, "sft.demonstrator", "|".join(DEMONSTRATORS), self.demonstrator)
@@ -281,6 +286,12 @@ class RLConfig:
     """PPO: critic optimiser steps on fresh rollouts of the starting policy before the first policy
     update (each batch of ``episodes_per_iter`` episodes gives ``epochs x minibatches x
     critic_updates`` of them); 0 disables the phase."""
+    critic_pretrain_replay: bool = True
+    """PPO: critic pre-training trains on every batch collected so far in the phase (each step on a
+    minibatch drawn from all of them, of one batch's minibatch size; values and targets recomputed
+    over the pool with the current critic at each new batch); False: on the latest batch only, as
+    the PPO update does. Without it the critic tracks the last batch and its held-out AUC swings
+    between batches (docs/experiments.md)."""
     critic_updates: int = 2
     """Critic optimiser steps per policy optimiser step."""
     gamma: float = 1.0
@@ -502,21 +513,20 @@ def _from_dict(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 def _preset_main() -> TrainConfig:
-    """The README's default run: the main job's budget, ``cut`` GAE at lambda 0.95, a short critic warm-up.
+    """The README's default run: the main job's budget and the reference recipe over 4 policy iterations.
 
-    The critic trains alone for 8 steps (2 batches of 32 episodes), then 4 PPO iterations follow:
-    the same rollouts and updates as the 6 iterations (2 of them critic-only) measured before the
-    critic pre-training phase existed. ``cut`` because in those runs the critic never explained the
-    returns and ``bootstrap`` at lambda 0.95 credits summary tokens through it (docs/training.md);
-    ``--preset compactionrl`` is the reference recipe.
+    The :class:`RLConfig` defaults (gamma 1, adaptive lambda, value lambda 1, 50 critic
+    pre-training steps on a replayed pool, 2 critic updates per policy update, GAE across trace
+    boundaries) with ``rl.iterations`` 4: the boundary experiment (8 seeds, equal compute) put this
+    recipe first on the main job's tasks and ``cut``'s lead of round 1 came from lambda 0.95
+    (docs/experiments.md); ``--preset compactionrl`` is the same recipe at the default 6 iterations.
     """
     base = TrainConfig()
     return dataclasses.replace(
         base,
         env=dataclasses.replace(base.env, context_budget=ContextBudgetConfig(
             budget=860, reserve=64, tool_output_cap=192, max_compactions=4)),
-        rl=dataclasses.replace(base.rl, boundary="cut", lmbda=0.95, value_lmbda=None, critic_pretrain_steps=8,
-                               critic_updates=1, iterations=4),
+        rl=dataclasses.replace(base.rl, iterations=4),
     )
 
 
@@ -542,9 +552,14 @@ def _preset_smoke() -> TrainConfig:
 
 
 def _preset_ablation() -> TrainConfig:
-    """One arm of ``benchmarks/compaction_ablation.py``: a longer RL phase from a shared SFT start."""
+    """One arm of ``benchmarks/compaction_ablation.py`` (round 1's six-arm ablation, kept reproducible):
+    the main job's env with round 1's RL settings -- lambda 0.95 for advantages and value targets,
+    8 critic pre-training steps on the latest batch, 1 critic update per policy update -- and 10
+    policy iterations; the ablation's arms set the boundary."""
     main = _preset_main()
-    return dataclasses.replace(main, rl=dataclasses.replace(main.rl, iterations=10))
+    return dataclasses.replace(main, rl=dataclasses.replace(
+        main.rl, boundary="cut", lmbda=0.95, value_lmbda=None, critic_pretrain_steps=8,
+        critic_pretrain_replay=False, critic_updates=1, iterations=10))
 
 
 PRESETS = {"main": _preset_main, "compactionrl": _preset_compactionrl, "smoke": _preset_smoke,

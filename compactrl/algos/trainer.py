@@ -33,6 +33,7 @@ from compactrl.algos.config import EnvConfig, TrainConfig, override
 from compactrl.algos.run_dir import RunDir, rng_state, set_rng_state
 from compactrl.algos.sft import copy_warmup, sft_train, trim_padding
 from compactrl.algos.update import Updater
+from compactrl.collectors.batch import concat_traces
 from compactrl.collectors.trace_collector import TraceCollector, summarize_episodes
 from compactrl.eval.episodes import evaluate_policy
 
@@ -262,7 +263,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     plan = schedule(cfg)
     if state is None:
         row0: dict[str, Any] = {"iteration": 0}
-        if cfg.sft.enabled and cfg.sft.steps > 0:
+        if cfg.sft.enabled and cfg.sft.total_steps > 0:
             row0.update(sft_phase(r))
             r.policy.save_pretrained(run.sft_model_path)
         start_rollouts(r)  # the critic and the frozen summariser start from the SFT policy
@@ -397,23 +398,44 @@ def agent_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None
 def critic_pretrain_phase(r: Run) -> dict[str, float]:
     """PPO: ``rl.critic_pretrain_steps`` critic steps on fresh rollouts of the starting policy.
 
-    Each batch of ``episodes_per_iter`` episodes gets its values and targets from the current
-    critic, then up to ``epochs x minibatches x critic_updates`` critic steps; no policy step.
+    The steps of :func:`critic_pretrain_batches`, run to the end; row 0's ``pretrain/*`` metrics.
     """
     total = r.cfg.rl.critic_pretrain_steps if r.critic is not None else 0
     if total == 0:
         return {}
-    t0, done, rows = time.perf_counter(), 0, []
+    t0, rows = time.perf_counter(), []
     bar = _bar(r.progress, "critic pre-training", total)
-    while done < total:
-        batch = trim_padding(r.collector.next())
-        r.updater.advantages(batch)
-        step = min(r.updater.steps_per_batch(), total - done)
-        rows.append(r.updater.update(batch, train_policy=False, max_critic_steps=step))
-        done += step
-        _advance(r.progress, bar, f"value loss {rows[-1].get('loss/critic', float('nan')):.3f}", step)
+    for steps, row in critic_pretrain_batches(r, total):
+        rows.append(row)
+        _advance(r.progress, bar, f"value loss {row.get('loss/critic', float('nan')):.3f}", steps)
     last = {f"pretrain/{k}": v for k, v in rows[-1].items()}
     return {**last, "pretrain/batches": float(len(rows)), "time/critic_pretrain_s": time.perf_counter() - t0}
+
+
+def critic_pretrain_batches(r: Run, total: int):
+    """Critic-only training on fresh batches until ``total`` critic steps; yields ``(steps, row)`` per batch.
+
+    Each batch of ``episodes_per_iter`` episodes gets up to ``epochs x minibatches x
+    critic_updates`` critic steps (no policy step). With ``rl.critic_pretrain_replay`` the batch
+    joins a pool of every batch collected so far, values and targets are recomputed over the pool
+    with the current critic, and the steps draw their minibatches from the whole pool (split into
+    ``minibatches x batches`` parts, so a step costs what it does on one batch); ``row`` carries
+    ``pool_episodes``.
+    """
+    pool: list = []
+    done = 0
+    while done < total:
+        batch = trim_padding(r.collector.next())
+        if r.cfg.rl.critic_pretrain_replay:
+            pool.append(batch)
+            batch = concat_traces(pool, pad_id=r.pad_id)
+        r.updater.advantages(batch)
+        step = min(r.updater.steps_per_batch(), total - done)
+        row = r.updater.update(batch, train_policy=False, max_critic_steps=step,
+                               minibatches=r.cfg.rl.minibatches * max(len(pool), 1))
+        row["pool_episodes"] = float(len(torch.unique(batch["episode_id"])))
+        done += step
+        yield step, row
 
 
 def schedule(cfg: TrainConfig) -> list[tuple[int, bool, bool]]:
@@ -466,23 +488,25 @@ def _fit_callback(progress: Any, bar):
 def sft_phase(r: Run) -> dict[str, float]:
     """Copy warm-up and the SFT phases on demonstrations; the metrics of row 0."""
     cfg, policy, s = r.cfg, r.policy, r.cfg.sft
-    t0 = time.perf_counter()
-    demos, demo_stats = collect_demonstrations(cfg, r.pad_id)
-    t_demos = time.perf_counter() - t0
+    t0, t_copy, t_demos, row = time.perf_counter(), 0.0, 0.0, {}
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    t_copy = time.perf_counter()
-    copy_history = copy_warmup(policy, demos, steps=s.copy_steps, lr=s.lr, generator=gen,
-                               on_step=_fit_callback(r.progress, _bar(r.progress, "copy warm-up", s.copy_steps)))
-    t_copy = time.perf_counter() - t_copy
     fit = dict(batch_traces=s.batch_traces, weight_decay=s.weight_decay, micro_batch_tokens=s.micro_batch_tokens,
                generator=gen)
-    history = sft_train(policy, demos, steps=s.steps, lr=s.lr, **fit,
-                        on_step=_fit_callback(r.progress, _bar(r.progress, "SFT", s.steps)))
-    row = {"sft/demo_success_rate": demo_stats.get("success_rate", 0.0), "sft/demo_traces": float(demos.batch_size[0]),
-           "sft/demo_summary_tokens_per_episode": demo_stats.get("summary_tokens_per_episode", 0.0),
-           "sft/final_nll": _tail_loss(history)}
-    if copy_history:
-        row["sft/copy_final_nll"] = copy_history[-1]["loss"]
+    if s.copy_steps or s.steps:  # the first phase (a second-phase-only run continues a pretrained model)
+        demos, demo_stats = collect_demonstrations(cfg, r.pad_id)
+        t_demos = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        copy_history = copy_warmup(policy, demos, steps=s.copy_steps, lr=s.lr, generator=gen,
+                                   on_step=_fit_callback(r.progress, _bar(r.progress, "copy warm-up", s.copy_steps)))
+        t_copy = time.perf_counter() - t1
+        history = sft_train(policy, demos, steps=s.steps, lr=s.lr, **fit,
+                            on_step=_fit_callback(r.progress, _bar(r.progress, "SFT", s.steps)))
+        row = {"sft/demo_success_rate": demo_stats.get("success_rate", 0.0),
+               "sft/demo_traces": float(demos.batch_size[0]),
+               "sft/demo_summary_tokens_per_episode": demo_stats.get("summary_tokens_per_episode", 0.0),
+               "sft/final_nll": _tail_loss(history)}
+        if copy_history:
+            row["sft/copy_final_nll"] = copy_history[-1]["loss"]
     if s.second_demonstrator != "none" and s.second_steps:
         demos2, stats2 = collect_demonstrations(cfg, r.pad_id, second=True)
         bar = _bar(r.progress, f"SFT ({s.second_demonstrator})", s.second_steps)

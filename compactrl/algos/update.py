@@ -120,13 +120,16 @@ class Updater:
             batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens)
         return self.estimate(batch)
 
-    def update(self, batch: TensorDict, *, train_policy: bool = True,
-               max_critic_steps: int | None = None) -> dict[str, float]:
-        """``epochs`` x ``minibatches`` steps on ``batch`` (which has advantages); mean diagnostics."""
+    def update(self, batch: TensorDict, *, train_policy: bool = True, max_critic_steps: int | None = None,
+               minibatches: int | None = None) -> dict[str, float]:
+        """``epochs`` x ``minibatches`` steps on ``batch`` (which has advantages); mean diagnostics.
+
+        ``minibatches`` overrides ``rl.minibatches`` (critic pre-training splits its pool of several
+        batches into proportionally more, so that a step costs what it costs on one batch)."""
         rl, means, critic_steps = self.rl, _Means(), 0
         step = dict(micro_batch_tokens=rl.micro_batch_tokens, max_grad_norm=rl.max_grad_norm)
         for _ in range(rl.epochs):
-            for rows in split_minibatches(batch, rl.minibatches, self.generator):
+            for rows in split_minibatches(batch, minibatches or rl.minibatches, self.generator):
                 mb = add_loss_normalizers(batch[rows], train_summaries=rl.loss.train_summaries)
                 for _ in range(rl.critic_updates if self.critic is not None else 0):
                     if max_critic_steps is not None and critic_steps >= max_critic_steps:

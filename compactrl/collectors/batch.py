@@ -91,3 +91,27 @@ def stack_traces(
         },
         batch_size=[n],
     )
+
+
+def concat_traces(batches: Sequence[TensorDict], *, pad_id: int = 0) -> TensorDict:
+    """One trace batch from several: rows in order, ``[N, L]`` entries right-padded to the widest
+    (``tokens`` with ``pad_id``, everything else with zeros), and ``episode_id`` / ``group_id``
+    offset per batch so that they stay unique (each batch numbers its own episodes)."""
+    if not batches:
+        raise ValueError("concat_traces needs at least one batch")
+    width = max(b["tokens"].shape[-1] for b in batches)
+    parts, offset_ep, offset_group = [], 0, 0
+    for b in batches:
+        out = b.clone(False)
+        full = b["tokens"].shape[-1]
+        for key, value in b.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == full < width:
+                fill = pad_id if key == "tokens" else 0
+                pad = torch.full((value.shape[0], width - full), fill, dtype=value.dtype)
+                out.set(key, torch.cat([value, pad], dim=-1))
+        out.set("episode_id", b["episode_id"] - int(b["episode_id"].min()) + offset_ep)
+        out.set("group_id", b["group_id"] - int(b["group_id"].min()) + offset_group)
+        offset_ep = int(out["episode_id"].max()) + 1
+        offset_group = int(out["group_id"].max()) + 1
+        parts.append(out)
+    return torch.cat(parts, dim=0)

@@ -140,11 +140,11 @@ def test_the_compactionrl_preset_is_the_reference_recipe():
     assert (cfg.env, cfg.model, cfg.sft, cfg.eval) == (main.env, main.model, main.sft, main.eval)
 
 
-def test_the_main_preset_keeps_its_measured_recipe_and_evaluates_every_two_iterations():
+def test_the_main_preset_is_the_reference_recipe_over_four_iterations_and_evaluates_every_two():
     main = C.preset("main")
-    assert (main.rl.boundary, main.rl.lmbda, main.rl.value_lmbda) == ("cut", 0.95, None)
-    # 8 critic-only steps on 2 batches, then 4 policy iterations: the earlier 6 iterations with 2 critic-only
-    assert (main.rl.critic_pretrain_steps, main.rl.critic_updates, main.rl.iterations) == (8, 1, 4)
+    assert main.rl == dataclasses.replace(C.RLConfig(), iterations=4)
+    assert (main.rl.boundary, main.rl.lmbda, main.rl.value_lmbda, main.rl.critic_pretrain_replay) == (
+        "bootstrap", "adaptive", 1.0, True)
     assert main.eval.every == 2
     ctx = main.env.context_budget
     assert (ctx.budget, ctx.reserve, ctx.tool_output_cap, ctx.max_compactions) == (860, 64, 192, 4)

@@ -64,6 +64,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rl.truncation": ({"model.critic_head_init": 0.5}, "bootstrap_last"),  # a zero critic hides it
     "rl.gamma": ({}, 0.5),
     "rl.critic_pretrain_steps": ({}, 3),
+    "rl.critic_pretrain_replay": ({"rl.critic_pretrain_steps": 3}, False),
     "rl.minibatches": ({}, 2),
     "rl.micro_batch_tokens": ({}, 40),
     "rl.max_grad_norm": ({"rl.epochs": 3}, 1e-3),
@@ -288,7 +289,7 @@ PROBES = [  # first matching prefix wins
     ("model.", probe_model),
     ("sft.summary_quality", probe_demos), ("sft.demonstrator", probe_demos), ("sft.keep_truncated", probe_demos),
     ("sft.budget", probe_demos), ("sft.", probe_sft),
-    ("rl.critic_pretrain_steps", probe_pretrain),
+    ("rl.critic_pretrain_steps", probe_pretrain), ("rl.critic_pretrain_replay", probe_pretrain),
     ("rl.episodes_per_iter", probe_rollouts), ("rl.group_size", probe_rollouts),
     ("rl.frozen_summarizer", probe_rollouts), ("rollout.", probe_rollouts),
     ("rl.iterations", probe_schedule),

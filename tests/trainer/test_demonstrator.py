@@ -112,6 +112,31 @@ def test_the_main_preset_warm_starts_in_two_phases_with_their_own_demonstrator_a
         override(preset("main"), {"sft.second_demonstrator": "nobody"})
 
 
+def test_a_second_phase_alone_continues_a_pretrained_model(tmp_path):
+    """``sft.copy_steps = sft.steps = 0`` with a second phase: only the second phase's demonstrations
+    are collected and trained on (a saved SFT model continued on another regime's episodes), and
+    the run saves its ``sft_model``; with no step in any phase there is no SFT at all."""
+    import json
+
+    from compactrl.algos.config import override, preset
+    from compactrl.algos.trainer import train
+
+    base = override(preset("smoke"), {"rl.iterations": 0, "rl.critic_pretrain_steps": 0, "eval.initial": False})
+    train(base, tmp_path / "first")
+    cfg = override(base, {"model.pretrained": str(tmp_path / "first" / "sft_model"), "sft.copy_steps": 0,
+                          "sft.steps": 0, "sft.second_steps": 2})
+    assert cfg.sft.total_steps == 2
+    train(cfg, tmp_path / "second")
+    row = json.loads((tmp_path / "second" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "sft/second_final_nll" in row and "sft/final_nll" not in row and row["time/sft_demos_s"] == 0.0
+    assert (tmp_path / "second" / "sft_model" / "model.safetensors").exists()
+    none = override(cfg, {"sft.second_demonstrator": "none"})
+    assert none.sft.total_steps == 0
+    train(none, tmp_path / "none")
+    row = json.loads((tmp_path / "none" / "metrics.jsonl").read_text().splitlines()[0])
+    assert not any(k.startswith("sft/") for k in row) and not (tmp_path / "none" / "sft_model").exists()
+
+
 # sha256 (first 16 hex digits) of the JSON list of every response, over task seeds 0-7 of the main
 # preset's env (demonstrator seed 7), recorded from the demonstrator as it was before it moved
 # from compactrl.algos.sft to compactrl.policies.demonstrators as an OraclePolicy subclass

@@ -109,6 +109,17 @@ def test_experiment_models_lists_each_regimes_sft_then_its_arms_first_seeds(tmp_
                      ("noisy", "sft", None)]
 
 
+def test_experiment_models_gives_a_regime_the_sft_model_its_arms_started_from(tmp_path):
+    """A regime whose arms start from another regime's SFT model (the experiment's ``SFT_FROM``):
+    its ``cells/<regime>__sft.json`` names that model (here by the relative path the experiment ran with)."""
+    for rel in ["default/sft/sft_model", "long/ppo_cut/seed0/final_model", "cells"]:
+        (tmp_path / rel).mkdir(parents=True)
+    (tmp_path / "cells" / "long__sft.json").write_text(json.dumps({"model": "runs/x/default/sft/sft_model"}))
+    found = {(r, a): m for r, a, _, m in ss.experiment_models(tmp_path, seeds=1)}
+    assert found[("long", "sft")] == tmp_path / "default" / "sft" / "sft_model"
+    assert ("long", "ppo_cut") in found and "cells" not in {r for r, _ in found}
+
+
 def test_experiment_table_gives_the_sft_value_and_each_arms_mean_and_sd_over_seeds():
     rep = {k: 0.5 for _, key, _ in ss.TABLE for k in (key if isinstance(key, tuple) else (key,))}
     reports = [("default", "sft", {**rep, "summary_tokens_cv": 0.1}),

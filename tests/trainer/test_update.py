@@ -98,12 +98,15 @@ def test_updater_needs_a_critic_exactly_for_ppo():
         Updater(override(preset("smoke"), {"rl.algo": "grpo"}).rl, policy, torch.nn.Linear(1, 1))
 
 
-def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_step():
-    """``rl.critic_pretrain_steps``: batches of fresh rollouts until that many critic steps; no policy step."""
+@pytest.mark.parametrize("replay", [True, False])
+def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_step(replay):
+    """``rl.critic_pretrain_steps``: batches of fresh rollouts until that many critic steps; no policy
+    step. ``rl.critic_pretrain_replay``: each batch joins the pool the steps draw from (one episode
+    per batch here: the pool holds 1, 2, 3 episodes), at the same number of steps."""
     from compactrl.algos import trainer as T
 
     cfg = override(preset("smoke"), {"rl.critic_pretrain_steps": 5, "rl.epochs": 1, "rl.minibatches": 1,
-                                     "rl.critic_updates": 2})
+                                     "rl.critic_updates": 2, "rl.critic_pretrain_replay": replay})
 
     class Fresh:
         def __init__(self):
@@ -117,8 +120,13 @@ def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_st
     critic = T.build_critic(cfg, policy)
     r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
               collector=Fresh())
+    pools = [row["pool_episodes"] for _, row in T.critic_pretrain_batches(r, 5)]
+    assert pools == ([1.0, 2.0, 3.0] if replay else [1.0, 1.0, 1.0])
+    assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
+    r.collector, r.updater = Fresh(), Updater(cfg.rl, policy, critic)
     row = T.critic_pretrain_phase(r)
     assert r.collector.batches == 3 and row["pretrain/batches"] == 3.0  # 2 + 2 + 1 steps
+    assert row["pretrain/pool_episodes"] == (3.0 if replay else 1.0)
     assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
     assert T.critic_pretrain_phase(T.Run(override(cfg, {"rl.critic_pretrain_steps": 0}), None, policy, None,
                                          pad_id=0, critic=critic)) == {}
@@ -177,3 +185,23 @@ def test_update_step_gradient_does_not_depend_on_the_micro_batch_budget(algo):
     if critic_grads:
         assert critic_grads[0].abs().sum() > 0
         torch.testing.assert_close(critic_grads[0], critic_grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_critic_pretraining_replay_steps_cost_one_batchs_minibatch():
+    """With the pool split into ``minibatches x batches`` parts, a step trains on about one batch's
+    minibatch of traces, however many batches the pool holds (a step costs the same)."""
+    from compactrl.collectors.batch import concat_traces
+
+    cfg = override(preset("smoke"), {"rl.epochs": 1, "rl.minibatches": 2, "rl.critic_updates": 1})
+    pool = concat_traces([_stream_batch([3], 1.0, ([2], 0.0), ([4], 1.0), ([3], 0.0)) for _ in range(3)])
+    policy = _policy()
+    from compactrl.policies.critic import ValueModel
+
+    critic = ValueModel.from_policy(policy)
+    upd = Updater(cfg.rl, policy, critic)
+    upd.advantages(pool)
+    seen = []
+    original = upd.loss.critic_loss
+    upd.loss.critic_loss = lambda td: (seen.append(int(td["episode_id"].numel())), original(td))[1]
+    upd.update(pool, train_policy=False, max_critic_steps=2, minibatches=2 * 3)
+    assert seen == [2, 2]  # 12 one-trace episodes in 6 parts; 2 steps of 2 traces each
