@@ -17,7 +17,8 @@ frozen_summarizer          PPO bootstrap; summaries written by a frozen copy of 
 Regimes: ``default`` (the main job's ``tiny`` tasks at budget 860) and ``long_noisy`` (the
 ``long_noisy`` generator preset, ``tiny``'s tasks with half the test runs flaking, at the same
 budget: every flaked submit must be repeated, which lengthens the chains; 10 turns, 6 compactions;
-docs/environments.md). ``long_noisy``'s arms start from ``default``'s SFT model (``SFT_FROM``).
+docs/environments.md). ``long_noisy``'s SFT model is ``default``'s continued by a short SFT phase on
+``long_noisy``'s own episodes (``SFT_FROM``).
 
 Equal compute: every arm of a regime gets the same policy-training episodes and the same number
 of policy optimiser steps (``rl.iterations`` x ``epochs`` x ``minibatches``). PPO arms also
@@ -81,10 +82,14 @@ REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
     "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6},
 }
-SFT_FROM: dict[str, str] = {"long_noisy": "default"}
-"""Regimes whose arms start from another regime's SFT model (evaluated on their own tasks as their
-iteration 0). ``long_noisy`` has ``default``'s tasks and budget; only its test runs flake, so the
-same warm start serves both, and the two regimes' arms differ in the env alone."""
+SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {
+    "long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0, "sft.second_steps": 300})}
+"""Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``. With
+``changes`` the regime's SFT run continues the source's model with them (on the regime's own env);
+without, its arms start from the source's model as it is. ``long_noisy`` has ``default``'s tasks
+and budget, but a model never shown a flaked test run stops at 0.08 there: its warm start is
+``default``'s SFT model plus 300 steps of the second SFT phase (``reproduce_first``
+demonstrations, which repeat a flaked submit) on ``long_noisy``'s own episodes."""
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
          ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
 """Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
@@ -449,6 +454,8 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
 def main(argv: list[str] | None = None) -> int:
     import platform
 
+    from compactrl.algos.config import override
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/boundary", help="output directory (cells/, runs, results.json/md)")
     p.add_argument("--smoke", action="store_true", help="the CI budget: the smoke preset, 2 seeds, seconds")
@@ -491,11 +498,18 @@ def main(argv: list[str] | None = None) -> int:
 
     sft_specs = [spec(r, f"{r}__sft", bases[r], out / r / "sft") for r in regimes]
     for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been)
-        if src := SFT_FROM.get(s["regime"]):
+        if s["regime"] in SFT_FROM:
+            src, changes = SFT_FROM[s["regime"]]
+            if budget != "full":  # the smoke budget keeps its own (tiny) step counts
+                changes = {k: v for k, v in changes.items() if k != "sft.second_steps"}
             source = spec(src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft")
             if not Path(source["cell_path"]).exists():
                 run_sft(source)
-            s["model"] = json.loads(Path(source["cell_path"]).read_text())["model"]
+            source_model = json.loads(Path(source["cell_path"]).read_text())["model"]
+            if changes:  # continue the source's model on this regime's env
+                s["config"] = override(bases[s["regime"]], {"model.pretrained": source_model, **changes}).to_dict()
+            else:
+                s["model"] = source_model
     _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs, ray_address, threads)
     sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
     cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",

@@ -6,7 +6,7 @@ held-out episodes (``--episodes`` of the trainer's evaluation stream, greedy) ar
 the critic is then pre-trained batch by batch by the trainer's own ``critic_pretrain_batches``
 (fresh rollouts of the SFT policy, ``epochs x minibatches x critic_updates`` critic steps per
 batch, no policy update), in two variants: ``latest`` (each batch's steps see that batch alone) and
-``replay`` (they see every batch collected so far: ``rl.critic_pretrain_replay``, the default). After each batch it is scored on the same held-out episodes: the value at the first
+``replay`` (they see every batch collected so far: ``rl.critic_pretrain_replay``). After each batch it is scored on the same held-out episodes: the value at the first
 policy token of every trace k >= 1 against the episode's outcome (``critic/trace_start_auc``) and
 the explained variance against the reward to go (the outcome at gamma 1 without per-trace rewards).
 The critic, targets and env are the experiment's (reference recipe, the regime's env and budget).
@@ -97,7 +97,7 @@ def table(cells: list[dict]) -> str:
 
 VARIANTS = {"latest": False, "replay": True}
 """``latest``: each batch's steps train on that batch alone (``rl.critic_pretrain_replay=False``);
-``replay``: on every batch collected so far (the recipe's default)."""
+``replay``: on every batch collected so far."""
 
 
 def main(argv: list[str] | None = None) -> int:

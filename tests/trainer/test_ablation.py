@@ -93,14 +93,18 @@ def test_boundary_experiment_resume_never_reruns_a_finished_cell(tmp_path, monke
     assert "ppo_bootstrap - grpo" in results["regimes"]["default"]["paired"]
     assert "MDE80" in (tmp_path / "results.md").read_text()
 
-    # SFT_FROM: long_noisy's arms start from default's SFT model, evaluated on long_noisy's tasks, never retrained
+    # SFT_FROM: long_noisy's SFT continues default's SFT model on long_noisy's own episodes (a second
+    # phase alone), and its arms start from that
     calls.clear()
     assert be.main(["--smoke", "--regimes", "long_noisy", "--arms", "grpo", "--seeds", "1", "--jobs", "1",
                     "--out", str(tmp_path), "--resume"]) == 0
     sft = json.loads((cells / "long_noisy__sft.json").read_text())
-    assert sft["model"] == json.loads((cells / "default__sft.json").read_text())["model"]
-    assert sft["episodes"]  # its own held-out episodes, on long_noisy's tasks
-    assert calls == [tmp_path / "long_noisy" / "grpo" / "seed0"]  # no SFT run for long_noisy
+    assert sft["model"] == str(tmp_path / "long_noisy" / "sft" / "sft_model") and sft["episodes"]
+    assert calls == [tmp_path / "long_noisy" / "sft", tmp_path / "long_noisy" / "grpo" / "seed0"]
+    sft_cfg = json.loads((tmp_path / "long_noisy" / "sft" / "config.json").read_text())
+    assert sft_cfg["model"]["pretrained"] == json.loads((cells / "default__sft.json").read_text())["model"]
+    assert (sft_cfg["sft"]["steps"], sft_cfg["sft"]["copy_steps"]) == (0, 0) and sft_cfg["env"]["difficulty"] == "long_noisy"
+    assert sft["rows"][0]["sft/second_final_nll"] > 0 and "sft/final_nll" not in sft["rows"][0]
     cell = json.loads((cells / "long_noisy__grpo__seed0.json").read_text())
     assert json.loads((tmp_path / "long_noisy" / "grpo" / "seed0" / "config.json").read_text())["model"]["pretrained"] \
         == sft["model"] and cell["regime"] == "long_noisy"
@@ -123,7 +127,10 @@ def test_boundary_arms_differ_from_the_reference_recipe_only_where_named():
     noisy = be.regime_config("full", "long_noisy", threads=1)
     assert noisy.env.difficulty == "long_noisy" and noisy.env.max_turns == 10
     # the same env as default but for the task preset (flaky runs) and the limits: one SFT model serves both
-    assert noisy.env.context_budget.budget == base.env.context_budget.budget and be.SFT_FROM == {"long_noisy": "default"}
+    assert noisy.env.context_budget.budget == base.env.context_budget.budget
+    # its warm start: default's SFT model continued by the second SFT phase alone on long_noisy's episodes
+    src, changes = be.SFT_FROM["long_noisy"]
+    assert src == "default" and changes["sft.copy_steps"] == changes["sft.steps"] == 0 < changes["sft.second_steps"]
 
 
 def test_auc_is_mean_success_over_iterations():

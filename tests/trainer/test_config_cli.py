@@ -143,8 +143,7 @@ def test_the_compactionrl_preset_is_the_reference_recipe():
 def test_the_main_preset_is_the_reference_recipe_over_four_iterations_and_evaluates_every_two():
     main = C.preset("main")
     assert main.rl == dataclasses.replace(C.RLConfig(), iterations=4)
-    assert (main.rl.boundary, main.rl.lmbda, main.rl.value_lmbda, main.rl.critic_pretrain_replay) == (
-        "bootstrap", "adaptive", 1.0, True)
+    assert (main.rl.boundary, main.rl.lmbda, main.rl.value_lmbda) == ("bootstrap", "adaptive", 1.0)
     assert main.eval.every == 2
     ctx = main.env.context_budget
     assert (ctx.budget, ctx.reserve, ctx.tool_output_cap, ctx.max_compactions) == (860, 64, 192, 4)

@@ -64,7 +64,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rl.truncation": ({"model.critic_head_init": 0.5}, "bootstrap_last"),  # a zero critic hides it
     "rl.gamma": ({}, 0.5),
     "rl.critic_pretrain_steps": ({}, 3),
-    "rl.critic_pretrain_replay": ({"rl.critic_pretrain_steps": 3}, False),
+    "rl.critic_pretrain_replay": ({"rl.critic_pretrain_steps": 3}, True),
     "rl.minibatches": ({}, 2),
     "rl.micro_batch_tokens": ({}, 40),
     "rl.max_grad_norm": ({"rl.epochs": 3}, 1e-3),
