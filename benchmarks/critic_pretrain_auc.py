@@ -5,17 +5,19 @@ seed: the trainer's own setup builds the critic from the SFT policy (as the reci
 held-out episodes (``--episodes`` of the trainer's evaluation stream, greedy) are played once, and
 the critic is then pre-trained batch by batch by the trainer's own ``critic_pretrain_batches``
 (fresh rollouts of the SFT policy, ``epochs x minibatches x critic_updates`` critic steps per
-batch, no policy update), in two variants: ``latest`` (each batch's steps see that batch alone) and
-``replay`` (they see every batch collected so far: ``rl.critic_pretrain_replay``). After each batch it is scored on the same held-out episodes: the value at the first
-policy token of every trace k >= 1 against the episode's outcome (``critic/trace_start_auc``) and
-the explained variance against the reward to go (the outcome at gamma 1 without per-trace rewards).
+batch, no policy update), in the ``--variants`` of ``VARIANTS`` (config changes: the pre-training
+batches, or the critic's learning rate). After each batch it is scored on the same held-out
+episodes: the value at the first policy token of every trace k >= 1 against the episode's outcome
+(``critic/trace_start_auc``) and the explained variance against the reward to go (the outcome at
+gamma 1 without per-trace rewards).
 The critic, targets and env are the experiment's (reference recipe, the regime's env and budget).
 
 One JSON per variant and seed under ``--out`` (a finished one is never run again) and
 ``results.md`` with a table per variant::
 
     python benchmarks/critic_pretrain_auc.py --out benchmarks/results/critic_pretrain_auc \\
-        --sft benchmarks/results/boundary_experiment/default/sft/sft_model --max-steps 64 --seeds 2
+        --sft benchmarks/results/boundary_experiment/default/sft/sft_model --max-steps 64 --seeds 2 \\
+        --variants latest,replay,latest_lr3e-4
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ KEYS = ("critic/trace_start_auc", "critic/trace_start_ev", "critic/trace_starts"
 
 
 def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, run_dir: Path, *,
-             replay: bool) -> dict:
+             changes: dict) -> dict:
     """Pre-train a critic batch by batch up to ``max_steps`` steps; its held-out figures after each batch."""
     from compactrl.algos.config import override
     from compactrl.algos.run_dir import RunDir
@@ -47,7 +49,7 @@ def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, ru
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = override(regime_config("full", regime, threads=2), {
         "model.pretrained": sft, "sft.enabled": False, "seed": seed, "rl.algo": "ppo", "rl.iterations": 0,
-        "rl.critic_pretrain_steps": max_steps, "rl.critic_pretrain_replay": replay, "eval.episodes": episodes})
+        "rl.critic_pretrain_steps": max_steps, "eval.episodes": episodes, **changes})
     shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted seed starts over (it has no checkpoint)
     run = RunDir(run_dir)
     run.create(cfg.to_json(), resume=False)
@@ -63,7 +65,7 @@ def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, ru
         scores.append({"steps": done, "batch_success": r.collector.last_batch_stats.get("success_rate"),
                        "pool_episodes": row["pool_episodes"], **_figures(r, held[0])})
     r.collector.shutdown()
-    return {"seed": seed, "regime": regime, "sft": sft, "episodes": episodes, "replay": replay,
+    return {"seed": seed, "regime": regime, "sft": sft, "episodes": episodes, "changes": changes,
             "held_out_success": success["success_rate"], "scores": scores,
             "wall_clock_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
@@ -95,9 +97,14 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines) + f"\n\nHeld-out success of the SFT policy on the scored episodes, per seed: {held}.\n"
 
 
-VARIANTS = {"latest": False, "replay": True}
-"""``latest``: each batch's steps train on that batch alone (``rl.critic_pretrain_replay=False``);
-``replay``: on every batch collected so far."""
+VARIANTS: dict[str, dict] = {
+    "latest": {"rl.critic_pretrain_replay": False},
+    "replay": {"rl.critic_pretrain_replay": True},
+    "latest_lr3e-4": {"rl.critic_pretrain_replay": False, "rl.critic_lr": 3e-4},
+}
+"""``latest``: each batch's steps train on that batch alone (the default); ``replay``: on every
+batch collected so far (``rl.critic_pretrain_replay``); ``latest_lr3e-4``: the default at a
+critic learning rate of 3e-4 instead of 1e-3."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--episodes", type=int, default=64, help="held-out episodes the critic is scored on")
     p.add_argument("--variants", default="latest,replay",
-                   help="comma-separated: latest (train on the last batch) and/or replay (on all batches so far)")
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if unknown := [v for v in variants if v not in VARIANTS]:
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             path = out / "cells" / f"{name}.json"
             if not path.exists():
                 write_json(path, run_seed(args.sft, args.regime, args.max_steps, seed, args.episodes,
-                                          out / "runs" / name, replay=VARIANTS[variant]))
+                                          out / "runs" / name, changes=VARIANTS[variant]))
             cells.append(json.loads(path.read_text()))
         sections.append(f"### `{variant}`\n\n" + table(cells))
     text = (f"Critic trace-start AUC by pre-training steps, {args.regime} regime, from `{args.sft}`, "
