@@ -94,3 +94,29 @@ def ray_for_run(address: str = "", num_cpus: int | None = None) -> Iterator[None
     else:
         with local_ray(num_cpus):
             yield
+
+
+WAIT_RETRIES = 3
+"""Times :func:`wait_one` repeats a ``ray.wait`` that raised ``SystemError``."""
+
+
+def wait_one(refs, *, retries: int = WAIT_RETRIES):
+    """The first of ``refs`` to finish (``ray.wait(refs, num_returns=1)``).
+
+    Ray's ``CoreWorker.wait`` was seen raising ``SystemError`` ("returned a result with an exception
+    set") in the driver while an actor it waited on was dying (once, under the test suite at load
+    ~4). A wait consumes nothing, so a failed one is repeated, ``retries`` times, before the error
+    propagates; the dead actor's call then shows up as ready and its ``ray.get`` raises the
+    ``RayActorError`` the callers handle.
+    """
+    import ray
+
+    for attempt in range(retries + 1):
+        try:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            return ready[0]
+        except SystemError as exc:
+            if attempt == retries:
+                raise
+            log.warning("ray.wait raised %r; waiting again (%d of %d)", exc, attempt + 1, retries)
+    raise AssertionError("unreachable")

@@ -53,6 +53,7 @@ from compactrl.collectors.trace_collector import (
     _Slot,
     summarize_episodes,
 )
+from compactrl.distributed.cluster import wait_one
 from compactrl.distributed.engines import EngineClient, EngineFn, EngineLost, InferenceEngine, engine_client
 from compactrl.types import Policy, Trace
 
@@ -326,10 +327,10 @@ class RayCollector:
             submit(w, share, 0)
         out = []
         while calls:
-            done, _ = ray.wait(list(calls), num_returns=1)
-            w, share, tries = calls.pop(done[0])
+            done = wait_one(calls)
+            w, share, tries = calls.pop(done)
             try:
-                episodes, engine_pids = ray.get(done[0])
+                episodes, engine_pids = ray.get(done)
             except ray.exceptions.RayActorError as exc:
                 log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__,
                             len(share))

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from compactrl.distributed.cluster import wait_one
+
 log = logging.getLogger(__name__)
 
 
@@ -35,7 +37,7 @@ def run_on_ray(fn: Callable[[dict], Any], specs: Sequence[dict], *, max_concurre
         while todo and len(in_flight) < max_concurrency:
             i = todo.pop(0)
             in_flight[remote.remote(specs[i])] = i
-        ready, _ = ray.wait(list(in_flight), num_returns=1)
-        i = in_flight.pop(ready[0])
-        results[i] = ray.get(ready[0])  # a job's error stops the run, as a process pool's would
+        ready = wait_one(in_flight)
+        i = in_flight.pop(ready)
+        results[i] = ray.get(ready)  # a job's error stops the run, as a process pool's would
     return results

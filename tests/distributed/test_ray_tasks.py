@@ -61,3 +61,26 @@ def test_a_failing_cell_stops_the_run_with_its_error(ray_cluster, tmp_path):
         run_on_ray(_cell, specs, max_concurrency=1, num_cpus=0.5)
     with pytest.raises(ValueError, match="max_concurrency"):
         run_on_ray(_cell, specs, max_concurrency=0)
+
+
+def test_wait_one_repeats_a_wait_that_raised_system_error_then_gives_up(monkeypatch):
+    """Ray's ``CoreWorker.wait`` once raised ``SystemError`` in the driver as an actor died: the
+    wait is repeated (it consumes nothing), and after ``retries`` repeats the error propagates."""
+    from compactrl.distributed.cluster import wait_one
+
+    calls = []
+
+    def flaky_wait(refs, num_returns):
+        calls.append(list(refs))
+        if len(calls) <= 2:
+            raise SystemError("<method 'wait' of 'ray._raylet.CoreWorker' objects> returned a result "
+                              "with an exception set")
+        return refs[1:2], refs[:1] + refs[2:]
+
+    monkeypatch.setattr(ray, "wait", flaky_wait)
+    assert wait_one({"a": 0, "b": 1, "c": 2}, retries=3) == "b"
+    assert calls == [["a", "b", "c"]] * 3
+    calls.clear()
+    with pytest.raises(SystemError):
+        wait_one(["a", "b"], retries=1)
+    assert len(calls) == 2
