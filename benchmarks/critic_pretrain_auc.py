@@ -17,7 +17,7 @@ One JSON per variant and seed under ``--out`` (a finished one is never run again
 
     python benchmarks/critic_pretrain_auc.py --out benchmarks/results/critic_pretrain_auc \\
         --sft benchmarks/results/boundary_experiment/default/sft/sft_model --max-steps 64 --seeds 2 \\
-        --variants latest,replay,latest_lr3e-4
+        --variants latest,replay,latest_lr3e-4,replay_lr3e-4
 """
 
 from __future__ import annotations
@@ -101,10 +101,11 @@ VARIANTS: dict[str, dict] = {
     "latest": {"rl.critic_pretrain_replay": False},
     "replay": {"rl.critic_pretrain_replay": True},
     "latest_lr3e-4": {"rl.critic_pretrain_replay": False, "rl.critic_lr": 3e-4},
+    "replay_lr3e-4": {"rl.critic_pretrain_replay": True, "rl.critic_lr": 3e-4},
 }
 """``latest``: each batch's steps train on that batch alone (the default); ``replay``: on every
-batch collected so far (``rl.critic_pretrain_replay``); ``latest_lr3e-4``: the default at a
-critic learning rate of 3e-4 instead of 1e-3."""
+batch collected so far (``rl.critic_pretrain_replay``); ``*_lr3e-4``: the same at a critic
+learning rate of 3e-4 instead of 1e-3."""
 
 
 def main(argv: list[str] | None = None) -> int:
