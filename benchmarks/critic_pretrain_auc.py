@@ -98,12 +98,12 @@ def table(cells: list[dict]) -> str:
 
 
 VARIANTS: dict[str, dict] = {
-    "latest": {"rl.critic_pretrain_replay": False},
-    "replay": {"rl.critic_pretrain_replay": True},
+    "latest": {"rl.critic_pretrain_replay": False, "rl.critic_lr": 1e-3},
+    "replay": {"rl.critic_pretrain_replay": True, "rl.critic_lr": 1e-3},
     "latest_lr3e-4": {"rl.critic_pretrain_replay": False, "rl.critic_lr": 3e-4},
     "replay_lr3e-4": {"rl.critic_pretrain_replay": True, "rl.critic_lr": 3e-4},
 }
-"""``latest``: each batch's steps train on that batch alone (the default); ``replay``: on every
+"""``latest``: each batch's steps train on that batch alone; ``replay``: on every
 batch collected so far (``rl.critic_pretrain_replay``); ``*_lr3e-4``: the same at a critic
 learning rate of 3e-4 instead of 1e-3."""
 
