@@ -78,7 +78,9 @@ class ToolEnv(gym.Env[str, str]):
         tools: the tool names this env accepts (calls to others are format errors).
         backend: sandbox backend (``sim``, ``local``, ``docker``).
         max_turns: turn limit; ``None`` uses each task's ``max_turns``.
-        time_limit_s: wall-clock limit per episode; ``None`` uses each task's ``time_limit_s``.
+        time_limit_s: wall-clock limit per episode; ``None`` uses each task's ``time_limit_s`` on a
+            real sandbox and none on ``sim`` (a simulated episode ends by its turns alone, so its
+            outcome does not depend on how loaded the machine is).
         sandbox_kwargs: passed to :func:`~compactrl.envs.sandbox.make_sandbox`.
         max_view_lines: most lines one ``view`` shows (longer files are read in pieces).
         max_search_results: most ``search`` matches shown.
@@ -210,8 +212,8 @@ class ToolEnv(gym.Env[str, str]):
     # -- tools -----------------------------------------------------------------------------------
     def _over_limits(self) -> bool:
         max_turns = self.max_turns or self.task.max_turns
-        limit_s = self.time_limit_s or self.task.time_limit_s
-        return self._turn >= max_turns or time.monotonic() - self._started > limit_s
+        limit_s = self.time_limit_s or (None if self.backend == "sim" else self.task.time_limit_s)
+        return self._turn >= max_turns or (limit_s is not None and time.monotonic() - self._started > limit_s)
 
     def _run_tool(self, call: ToolCall) -> str:
         try:

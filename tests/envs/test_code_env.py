@@ -91,6 +91,25 @@ def test_fix_then_submit_gives_one_and_truncation_grades_once():
     assert (reward, terminated, truncated, info["success"]) == (1.0, False, True, True)
 
 
+def test_a_simulated_episode_has_no_wall_clock_limit_unless_one_is_given(monkeypatch):
+    """On ``sim`` a starved process must not change an episode's outcome: the task's wall-clock
+    limit applies to real sandboxes only; an explicit ``time_limit_s`` applies everywhere."""
+    import compactrl.envs.code_env as code_env
+
+    now = [1000.0]
+    monkeypatch.setattr(code_env.time, "monotonic", lambda: now[0])
+    env = CodeRepoEnv()
+    env.reset(seed=1)
+    now[0] += 10 * env.task.time_limit_s  # far past the task's limit between two steps
+    obs, reward, terminated, truncated, info = env.step("<tool>test</tool>")
+    assert not truncated and not terminated
+    limited = CodeRepoEnv(time_limit_s=5.0)
+    limited.reset(seed=1)
+    now[0] += 6.0
+    obs, reward, terminated, truncated, info = limited.step("<tool>test</tool>")
+    assert truncated and not terminated
+
+
 def test_sandbox_failure_truncates_with_a_message():
     def broken(task, files):
         raise SandboxError("container vanished")
