@@ -292,9 +292,9 @@ class RLConfig:
     """PPO: critic pre-training trains on every batch collected so far in the phase (each step on a
     minibatch drawn from all of them, of one batch's minibatch size; values and targets recomputed
     over the pool with the current critic at each new batch); False: on the latest batch only, as
-    the PPO update does. Off by default: measured from the main job's SFT model it did not steady
-    the critic's held-out AUC (0.64 after 64 steps against 0.73 without, both swinging between
-    batches; docs/experiments.md)."""
+    the PPO update does. Off by default: measured from the main job's SFT model it did not raise the
+    critic's held-out trace-start AUC (mean over steps 24-64: 0.71 with it, 0.72 without at the
+    default critic lr; 0.59 and 0.63 at 1e-3; docs/experiments.md)."""
     critic_updates: int = 2
     """Critic optimiser steps per policy optimiser step."""
     gamma: float = 1.0
