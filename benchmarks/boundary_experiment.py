@@ -80,16 +80,16 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
-    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6},
+    "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6,
+                   "sft.second_steps": 300},  # its SFT run is that phase alone (SFT_FROM); the arms skip SFT
 }
-SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {
-    "long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0, "sft.second_steps": 300})}
+SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {"long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0})}
 """Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``. With
 ``changes`` the regime's SFT run continues the source's model with them (on the regime's own env);
 without, its arms start from the source's model as it is. ``long_noisy`` has ``default``'s tasks
 and budget, but a model never shown a flaked test run stops at 0.08 there: its warm start is
-``default``'s SFT model plus 300 steps of the second SFT phase (``reproduce_first``
-demonstrations, which repeat a flaked submit) on ``long_noisy``'s own episodes."""
+``default``'s SFT model plus the second SFT phase alone (``reproduce_first`` demonstrations, which
+repeat a flaked submit; 300 steps, ``REGIMES``) on ``long_noisy``'s own episodes."""
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
          ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
 """Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
@@ -104,7 +104,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "smoke": {"preset": "smoke", "seeds": 2, "final_episodes": 2, "changes": {}},
 }
 PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"}}}
-"""Where a preset cannot take a regime's env as it is (the smoke preset's budget and turns stay)."""
+"""Where a preset cannot take a regime's env as it is (the smoke preset's budget, turns and SFT steps stay)."""
 
 
 # -- configs -------------------------------------------------------------------------------------
@@ -501,8 +501,6 @@ def main(argv: list[str] | None = None) -> int:
     for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been)
         if s["regime"] in SFT_FROM:
             src, changes = SFT_FROM[s["regime"]]
-            if budget != "full":  # the smoke budget keeps its own (tiny) step counts
-                changes = {k: v for k, v in changes.items() if k != "sft.second_steps"}
             source = spec(src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft")
             if not Path(source["cell_path"]).exists():
                 run_sft(source)

@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from compactrl.algos.packing import micro_batches
+from compactrl.collectors.batch import sequence_keys
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +25,11 @@ log = logging.getLogger(__name__)
 def trim_padding(batch: TensorDict) -> TensorDict:
     """Drop the padding columns no row of ``batch`` uses (every [N, L] entry is cut to the longest row)."""
     length = int(batch["attention_mask"].sum(-1).max())
-    full = batch["attention_mask"].shape[-1]
-    if length == full:
+    if length == batch["attention_mask"].shape[-1]:
         return batch
     out = batch.clone(False)
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == full:
-            out.set(key, value[:, :length])
+    for key in sequence_keys(batch):
+        out.set(key, batch[key][:, :length])
     return out
 
 

@@ -93,6 +93,12 @@ def stack_traces(
     )
 
 
+def sequence_keys(batch: TensorDict) -> list[str]:
+    """Keys of the batch's per-position ``[N, L]`` entries (``L``: the width of ``tokens``)."""
+    width = batch["tokens"].shape[-1]
+    return [k for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape[-1] == width]
+
+
 def concat_traces(batches: Sequence[TensorDict], *, pad_id: int = 0) -> TensorDict:
     """One trace batch from several: rows in order, ``[N, L]`` entries right-padded to the widest
     (``tokens`` with ``pad_id``, everything else with zeros), and ``episode_id`` / ``group_id``
@@ -103,12 +109,11 @@ def concat_traces(batches: Sequence[TensorDict], *, pad_id: int = 0) -> TensorDi
     parts, offset_ep, offset_group = [], 0, 0
     for b in batches:
         out = b.clone(False)
-        full = b["tokens"].shape[-1]
-        for key, value in b.items():
-            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == full < width:
-                fill = pad_id if key == "tokens" else 0
-                pad = torch.full((value.shape[0], width - full), fill, dtype=value.dtype)
-                out.set(key, torch.cat([value, pad], dim=-1))
+        missing = width - b["tokens"].shape[-1]
+        for key in sequence_keys(b) if missing else ():
+            value = b[key]
+            pad = torch.full((value.shape[0], missing), pad_id if key == "tokens" else 0, dtype=value.dtype)
+            out.set(key, torch.cat([value, pad], dim=-1))
         out.set("episode_id", b["episode_id"] - int(b["episode_id"].min()) + offset_ep)
         out.set("group_id", b["group_id"] - int(b["group_id"].min()) + offset_group)
         offset_ep = int(out["episode_id"].max()) + 1

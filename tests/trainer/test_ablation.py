@@ -130,7 +130,7 @@ def test_boundary_arms_differ_from_the_reference_recipe_only_where_named():
     assert noisy.env.context_budget.budget == base.env.context_budget.budget
     # its warm start: default's SFT model continued by the second SFT phase alone on long_noisy's episodes
     src, changes = be.SFT_FROM["long_noisy"]
-    assert src == "default" and changes["sft.copy_steps"] == changes["sft.steps"] == 0 < changes["sft.second_steps"]
+    assert src == "default" and changes["sft.copy_steps"] == changes["sft.steps"] == 0 < noisy.sft.second_steps
 
 
 def test_auc_is_mean_success_over_iterations():
