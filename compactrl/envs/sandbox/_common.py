@@ -74,4 +74,12 @@ def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestRep
         capped = _shell.CappedOutput(output_limit)
         capped.feed(raw)
         output = capped.text()
-    return TestReport(passed=passed, failed=failed, output=output, success=success)
+    return TestReport(passed=passed, failed=failed, output=output, success=success, exit_code=res.exit_code,
+                      timed_out=res.timed_out, log_tail=log_tail(res.output))
+
+
+def log_tail(output: str, max_lines: int = 40, max_chars: int = 4000) -> str:
+    """The last ``max_lines`` lines of ``output`` (at most ``max_chars`` characters): what a report shows
+    of a run that went wrong."""
+    tail = "\n".join(output.rstrip("\n").splitlines()[-max_lines:])
+    return tail[-max_chars:]

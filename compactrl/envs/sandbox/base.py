@@ -40,6 +40,14 @@ class TestReport:
     failed: tuple[str, ...]
     output: str
     success: bool
+    exit_code: int | None = None
+    """Exit status of the test (or verifier) command; None when it never ran."""
+    timed_out: bool = False
+    """The command hit its time limit (the task's own test timeout)."""
+    limit_hit: str | None = None
+    """A sandbox resource limit the run hit, named (e.g. "file size limit 256 MiB (RLIMIT_FSIZE)")."""
+    log_tail: str = ""
+    """The last lines of the raw test/verifier output (unclipped by the head+tail cap), for reports."""
 
 
 @runtime_checkable
