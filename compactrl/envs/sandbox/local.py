@@ -47,7 +47,7 @@ from compactrl.envs.sandbox._common import (
     report_from_run,
     work_rel,
 )
-from compactrl.envs.sandbox._hostfs import HostWorkDir
+from compactrl.envs.sandbox._hostfs import HostWorkDir, copy_tree
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.envs.task import Task
 
@@ -104,6 +104,9 @@ class LocalSandboxConfig:
     adds to them. Not ``/`` nor under the system folders, ``/proc``, ``/dev``, ``/tmp``."""
     writable_bytes: int = 256 << 20
     """Size of each tmpfs of ``writable_paths``."""
+    host_toolchains: bool = True
+    """Mount the host's toolchains that live outside the system folders (rustup's ``cargo``, a Go
+    outside ``/usr``) read-only and put them on PATH (:func:`host_toolchains`)."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", "bwrap", "unshare"):
@@ -231,6 +234,44 @@ def _interpreter_prefixes(python: str) -> list[str]:
     return prefixes
 
 
+def _inner_userns() -> list[str]:
+    """``unshare`` options of the shell's own user namespace. The shell's uid and gid are mapped to
+    themselves: with an empty map they read as unmapped, and ``posix_spawn`` with
+    ``POSIX_SPAWN_RESETIDS`` (GNU make runs every recipe line so) fails with EINVAL, which made
+    every ``make`` recipe, recursive ones included, fail with ``make: make: Invalid argument``."""
+    if "map" not in _probe_cache:
+        try:
+            res = subprocess.run(["unshare", "--user", "--map-current-user", "true"], capture_output=True, timeout=20)
+            _probe_cache["map"] = "ok" if res.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            _probe_cache["map"] = None
+    return ["--user", "--map-current-user"] if _probe_cache["map"] else ["--user"]
+
+
+def host_toolchains() -> tuple[list[str], list[str], dict[str, str]]:
+    """``(read-only binds, PATH entries, environment)`` that make the host's toolchains living outside
+    the system folders usable inside: rustup's ``cargo``/``rustc`` (``~/.cargo``, ``~/.rustup``) and a
+    Go outside ``/usr``. Caches the tools write go to the private ``/tmp``."""
+    binds: list[str] = []
+    path: list[str] = []
+    env: dict[str, str] = {}
+    home = os.path.expanduser("~")
+    cargo_home = os.environ.get("CARGO_HOME") or os.path.join(home, ".cargo")
+    rustup_home = os.environ.get("RUSTUP_HOME") or os.path.join(home, ".rustup")
+    if os.path.isfile(os.path.join(cargo_home, "bin", "cargo")) and os.path.isdir(os.path.join(rustup_home, "toolchains")):
+        binds += [os.path.join(cargo_home, "bin"), rustup_home]
+        path.append(os.path.join(cargo_home, "bin"))
+        env |= {"RUSTUP_HOME": rustup_home, "CARGO_HOME": "/tmp/.cargo"}
+    go = shutil.which("go")
+    if go:
+        goroot = os.path.dirname(os.path.dirname(os.path.realpath(go)))
+        if not any(goroot == f"/{d}" or goroot.startswith(f"/{d}/") for d in _SYSTEM_DIRS):
+            binds.append(goroot)
+            path.append(os.path.join(goroot, "bin"))
+        env |= {"GOPATH": "/tmp/go", "GOCACHE": "/tmp/.gocache", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
+    return [b for b in binds if os.path.isdir(b)], path, env
+
+
 def _ns_processes(ns: str) -> list[int]:
     """Host pids of the live processes in the pid namespace ``ns`` (``"pid:[...]"``).
 
@@ -306,6 +347,9 @@ class LocalSandbox:
         self._python = own if os.path.isabs(own) else (cfg.python or sys.executable)
         try:
             self._make_session_dir()
+            tree = task.metadata.get("work_tree")
+            if tree:  # the tree a harness sees (modes, symlinks, what its install built), then the files
+                copy_tree(str(tree), os.path.join(self.session_dir, "work"), self._files().owner)
             for path, content in task.files.items():
                 self._files().write_bytes(work_rel(path), file_bytes(content))
             self._launch()
@@ -329,6 +373,10 @@ class LocalSandbox:
                       or any(path.startswith(o + "/") for o in out)):
                 out.append(path)
         return out
+
+    def _ro_binds(self) -> tuple[str, ...]:
+        tools = host_toolchains()[0] if self.config.host_toolchains else []
+        return (*self.config.ro_binds, *tools)
 
     def _make_session_dir(self) -> None:
         cfg = self.config
@@ -354,8 +402,10 @@ class LocalSandbox:
         self._fs = HostWorkDir(work, owner)
 
     def _env(self) -> dict[str, str]:
+        _, tool_path, tool_env = host_toolchains() if self.config.host_toolchains else ([], [], {})
         return {
-            "PATH": f"{_BIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            **tool_env,
+            "PATH": ":".join([_BIN_DIR, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *tool_path]),
             # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
             "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
@@ -418,13 +468,13 @@ class LocalSandbox:
     def _bwrap_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(self._python, tuple(cfg.ro_binds))
+        links, binds = _host_binds(self._python, self._ro_binds())
         if os.geteuid() == 0:
             # Privileged bwrap builds the root (it can reach e.g. a Python under /root), then the
             # shell drops to an unprivileged uid in a user namespace of its own, which makes
             # RLIMIT_NPROC count this sandbox's processes only (root is exempt from it).
             head = ["bwrap", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            tail = [*_drop_privileges(cfg.sandbox_uid), "unshare", "--user", "--", *_SHELL]
+            tail = [*_drop_privileges(cfg.sandbox_uid), "unshare", *_inner_userns(), "--", *_SHELL]
         else:
             head = ["bwrap", "--unshare-user", "--disable-userns"]
             tail = list(_SHELL)
@@ -456,7 +506,7 @@ class LocalSandbox:
     def _unshare_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
-        links, binds = _host_binds(self._python, tuple(cfg.ro_binds))
+        links, binds = _host_binds(self._python, self._ro_binds())
         q = shlex.quote  # the script runs under /bin/sh
         root = os.path.join(session, "root")
         lines = [
@@ -491,7 +541,7 @@ class LocalSandbox:
             'cd "$R"; mkdir .old; pivot_root . .old; umount -l /.old; rmdir /.old',
             "mount -o remount,ro /",
             f"cd -- {q(self._workdir)}",
-            f"exec {drop} unshare --user -- {' '.join(_SHELL)}",
+            f"exec {drop} unshare {' '.join(_inner_userns())} -- {' '.join(_SHELL)}",
         ]
         user = [] if os.geteuid() == 0 else ["--map-root-user"]
         argv = ["setpriv", "--pdeathsig", "KILL", "unshare", *user, "--mount", "--net", "--pid", "--ipc",
