@@ -10,7 +10,8 @@ an over-confident agent would. With ``summary_quality=1`` it solves every task; 
 whenever a compaction loses a fact.
 
 The summary format (:class:`SummaryState`, :func:`format_summary`, :func:`parse_summary`) is
-task-agnostic, so other scripted policies can reuse it.
+task-agnostic and lives in :mod:`compactrl.policies.scripted_summary`, below both oracles (re-exported
+here); the terminal oracle (:mod:`compactrl.policies.scripted_terminal`) answers terminal tasks.
 """
 
 from __future__ import annotations
@@ -24,71 +25,23 @@ from dataclasses import dataclass, field
 
 from compactrl.envs.generators._facts import code_value
 from compactrl.envs.tools import ToolCall, format_call
+from compactrl.policies.scripted_summary import (
+    SUMMARY_CLOSE,
+    SUMMARY_OPEN,
+    SummaryState,
+    format_summary,
+    parse_summary,
+)
+from compactrl.policies.scripted_terminal import TerminalOraclePolicy
 from compactrl.types import Message, PolicyRequest
 
-SUMMARY_OPEN, SUMMARY_CLOSE = "<summary>", "</summary>"
+__all__ = ["SUMMARY_CLOSE", "SUMMARY_OPEN", "Knowledge", "OraclePolicy", "RandomPolicy", "SummaryState",
+           "format_summary", "in_words", "observe", "parse_summary"]
+
 _VIEW_HEADER = re.compile(r"^(\S+) \(lines (\d+)-(\d+) of (\d+)\)$")
 _ASSIGNMENT = re.compile(r"^([A-Z][A-Z0-9_]*) = ")
 _REPLACE_HEADER = re.compile(r"^Replaced \d+ line\(s\) of (\S+) at line (\d+)")
 _NUMBERED = re.compile(r"^\s*(\d+)\t(.*)$")
-
-
-# ----------------------------------------------------------------------------------------------
-# summaries
-
-
-@dataclass
-class SummaryState:
-    """What a scripted agent carries across a compaction.
-
-    ``read``: file -> last line read (files are read from line 1 on); ``facts``: key -> value, as a
-    Python literal; ``done``: finished steps (e.g. ``"fixed PAGE_SIZE"``, ``"tested"``);
-    ``next``: the next step, in words.
-    """
-
-    read: dict[str, int] = field(default_factory=dict)
-    facts: dict[str, str] = field(default_factory=dict)
-    done: list[str] = field(default_factory=list)
-    next: str = ""
-
-
-def format_summary(state: SummaryState) -> str:
-    """Render a summary; :func:`parse_summary` reads it back."""
-    read = ", ".join(f"{path} lines 1-{line}" for path, line in sorted(state.read.items()))
-    lines = [
-        SUMMARY_OPEN,
-        f"read: {read or 'nothing yet'}",
-        f"done: {', '.join(state.done) or 'nothing yet'}",
-        "facts:",
-        *(f"{key} = {value}" for key, value in sorted(state.facts.items())),
-        f"next: {state.next}",
-        SUMMARY_CLOSE,
-    ]
-    return "\n".join(lines)
-
-
-def parse_summary(text: str) -> SummaryState | None:
-    """The last summary block in ``text``, or None if there is none."""
-    start = text.rfind(SUMMARY_OPEN)
-    end = text.find(SUMMARY_CLOSE, start)
-    if start < 0 or end < 0:
-        return None
-    state = SummaryState()
-    in_facts = False
-    for line in text[start + len(SUMMARY_OPEN) : end].splitlines():
-        if line.startswith("read: "):
-            for path, last in re.findall(r"(\S+) lines 1-(\d+)", line):
-                state.read[path] = int(last)
-        elif line.startswith("done: ") and line != "done: nothing yet":
-            state.done = [d.strip() for d in line[6:].split(",") if d.strip()]
-        elif line.startswith("next: "):
-            state.next, in_facts = line[6:], False
-        elif line == "facts:":
-            in_facts = True
-        elif in_facts and " = " in line:
-            key, value = line.split(" = ", 1)
-            state.facts[key.strip()] = value.strip()
-    return state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -208,8 +161,6 @@ class OraclePolicy:
     def respond(self, request: PolicyRequest) -> str:
         task = request.task
         if getattr(task, "kind", None) == "terminal":  # generated terminal tasks have their own oracle
-            from compactrl.policies.scripted_terminal import TerminalOraclePolicy
-
             return TerminalOraclePolicy(self.summary_quality, self.seed).respond(request)
         if task is None or "facts" not in getattr(task, "metadata", {}):
             raise ValueError("OraclePolicy needs request.task: a generated code task (with metadata['facts'])")

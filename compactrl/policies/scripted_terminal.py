@@ -7,7 +7,7 @@ the top in chunks with ``echo FILE; cat -n FILE | sed -n 'A,Bp'`` (so contexts g
 agent's do), then runs the task's solution commands with the values it found, and submits.
 
 When asked to compact it writes a summary in the shared format of
-:func:`compactrl.policies.scripted.format_summary` that keeps each fact with probability
+:func:`compactrl.policies.scripted_summary.format_summary` that keeps each fact with probability
 ``summary_quality``. A fact whose file the summary says was read past it, but whose value was
 dropped, is "remembered" wrongly (a distractor's value), as an over-confident agent would.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from compactrl.envs.generators.terminal import render_solution
 from compactrl.envs.tools import ToolCall, format_call, parse_action
-from compactrl.policies.scripted import SUMMARY_OPEN, SummaryState, format_summary, parse_summary
+from compactrl.policies.scripted_summary import SUMMARY_OPEN, SummaryState, format_summary, parse_summary
 from compactrl.types import Message, PolicyRequest
 
 _NUMBERED = re.compile(r"^\s*(\d+)\t(.*)$")

@@ -29,6 +29,7 @@ from compactrl.envs.shell_sim.awk import AWK
 from compactrl.envs.shell_sim.builtins import BUILTINS
 from compactrl.envs.shell_sim.builtins2 import BUILTINS2
 from compactrl.envs.shell_sim.calc import CALC
+from compactrl.envs.shell_sim.control import GRAMMAR
 from compactrl.envs.shell_sim.coreutils import COREUTILS
 from compactrl.envs.shell_sim.fs import VirtualFS
 from compactrl.envs.shell_sim.grep import GREP
@@ -100,7 +101,7 @@ class ShellEmulator:
         self.max_loop_iterations, self.max_function_depth = max_loop_iterations, max_function_depth
         variables = {"HOME": root, "PWD": root, "LC_ALL": "C.UTF-8"}
         variables.update(env or {})
-        self.shell = Shell(self.fs, COMMANDS, variables, line_numbers=line_numbers,
+        self.shell = Shell(self.fs, COMMANDS, variables, GRAMMAR, line_numbers=line_numbers,
                            output_limit=max_output_chars, file_limit=max_file_chars)
 
     @property

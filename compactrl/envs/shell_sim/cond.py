@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 
-from compactrl.envs.shell_sim.builtins import _is_unary, _unary
+from compactrl.envs.shell_sim.builtins import _binary, _is_unary, _unary
 from compactrl.envs.shell_sim.parser import Word
 from compactrl.envs.shell_sim.regex import RegexError, compile_posix
-from compactrl.envs.shell_sim.shell import Shell
+from compactrl.envs.shell_sim.shell import Shell, pattern_regex
 
 _STRING_OPS = {"==", "=", "!=", "<", ">", "=~"}
 _ARITH_OPS = {"-eq", "-ne", "-lt", "-le", "-gt", "-ge"}
@@ -103,8 +103,6 @@ class _Cond:
         kind, value = self.toks[self.i]
         self.i += 1
         if op in ("==", "=", "!=") and not self.skip:
-            from compactrl.envs.shell_sim.control import pattern_regex
-
             word = value if kind == "word" else Word([], value)
             matched = bool(pattern_regex(self.sh, word).fullmatch(left))
             return matched == (op != "!=")
@@ -118,8 +116,6 @@ class _Cond:
         if op in _ARITH_OPS:
             x, y = self.sh.arith(left), self.sh.arith(right)
             return {"-eq": x == y, "-ne": x != y, "-lt": x < y, "-le": x <= y, "-gt": x > y, "-ge": x >= y}[op]
-        from compactrl.envs.shell_sim.builtins import _binary
-
         return _binary(self.sh, left, op, right)
 
     def regex(self, left: str, word: Word | None, right: str) -> bool:

@@ -1,6 +1,9 @@
 """Compound commands (``if``, loops, ``case``, groups, subshells, ``((...))``, ``[[ ... ]]``),
 shell functions and the parameter operators that transform a value (``${v%.*}``, ``${v/a/b}``...).
 
+The top layer of the interpreter: it builds on ``shell`` (the executor), ``builtins`` and ``cond``
+and hands itself to the executor as :data:`GRAMMAR`.
+
 Every loop iteration and function call ticks the command line's :class:`Limits`, so a runaway loop
 or recursion ends like a timeout on the real backends instead of hanging the episode.
 """
@@ -9,17 +12,21 @@ from __future__ import annotations
 
 import re
 
-from compactrl.envs.shell_sim.parser import AndOr, Compound, Part, Word
+from compactrl.envs.shell_sim.cond import CondError, evaluate_cond
+from compactrl.envs.shell_sim.parser import AndOr, Compound, Part
 from compactrl.envs.shell_sim.regex import fnmatch_to_regex
 from compactrl.envs.shell_sim.shell import (
     IO,
     AbortCommand,
+    Grammar,
     InStream,
     LoopControl,
     ReturnFromFunction,
     Shell,
     Sink,
     TerminalSink,
+    brace_expand,
+    pattern_regex,
 )
 
 
@@ -77,8 +84,6 @@ def _run_for(sh: Shell, node: Compound, inp: InStream, out: Sink, err: Sink) -> 
         items = list(sh.positional)
     else:
         items = []
-        from compactrl.envs.shell_sim.shell import brace_expand
-
         for w in node.words:
             for part in brace_expand(w):
                 items.extend(sh.expand_word(part))
@@ -125,17 +130,6 @@ def _run_case(sh: Shell, node: Compound, inp: InStream, out: Sink, err: Sink) ->
     return 0
 
 
-def pattern_regex(sh: Shell, word: Word) -> re.Pattern:
-    """A glob pattern word (quoted parts literal) as a regex over a whole string."""
-    chars: list[str] = []
-    mask: list[bool] = []
-    for p in word.parts:
-        text = sh.param_op(p) if p.var else p.text
-        chars.append(text)
-        mask.extend([p.quoted] * len(text))
-    return re.compile(fnmatch_to_regex("".join(chars), mask, pathname=False), re.DOTALL)
-
-
 def _run_group(sh: Shell, node: Compound, inp: InStream, out: Sink, err: Sink) -> int:
     return sh.run_list(node.body, inp, out, err)
 
@@ -153,8 +147,6 @@ def _run_arith(sh: Shell, node: Compound, inp: InStream, out: Sink, err: Sink) -
 
 
 def _run_cond(sh: Shell, node: Compound, inp: InStream, out: Sink, err: Sink) -> int:
-    from compactrl.envs.shell_sim.cond import CondError, evaluate_cond
-
     try:
         return 0 if evaluate_cond(sh, node.cond) else 1
     except CondError as exc:
@@ -298,3 +290,7 @@ def _split_replacement(arg: str) -> tuple[str, str, str]:
             return arg[:i], "/", arg[i + 1:]
         i += 1
     return arg, "", ""
+
+
+GRAMMAR = Grammar(run_compound=run_compound, call_function=call_function, param_transform=param_transform)
+"""This layer as the executor calls it (``Shell(..., grammar=GRAMMAR)``)."""

@@ -4,7 +4,12 @@ Pipeline stages run one after another (stage i's output is stage i+1's input), e
 the shell state as bash's subshells are, so ``cd`` inside a pipeline does not leak. Streams are
 :class:`Sink` objects; writes keep their order so ``cmd > f 2>&1`` interleaves like bash. Input is
 an :class:`InStream` that ``read`` consumes line by line and any other command reads to its end.
-Compound commands live in :mod:`compactrl.envs.shell_sim.control`.
+
+This module is the interpreter's lowest layer: it imports only the parser, the file system and the
+pattern/arithmetic helpers. Compound commands, shell functions and the parameter transforms live
+one layer up (:mod:`compactrl.envs.shell_sim.control`, which builds on ``builtins`` and ``cond``)
+and reach the executor as a :class:`Grammar` passed to :class:`Shell`, so no module of the shell
+imports one above it and each can be read with only the ones below.
 """
 
 from __future__ import annotations
@@ -252,14 +257,28 @@ CommandFn = Callable[["Shell", list[str], IO], int]
 
 
 # ===================================================================== the shell
+@dataclass(frozen=True)
+class Grammar:
+    """The compound layer the executor calls into (``control.GRAMMAR``): what runs a compound
+    command node, calls a shell function, and applies a value-transforming parameter operator."""
+
+    run_compound: Callable[[Shell, Compound, InStream, Sink, Sink], int]
+    call_function: Callable[[Shell, str, list[str], IO], int]
+    param_transform: Callable[[Shell, Part, str], str]
+
+
 class Shell:
-    """State of one shell session (files, cwd, variables, functions, options) and the executor."""
+    """State of one shell session (files, cwd, variables, functions, options) and the executor.
+
+    ``grammar`` supplies compound commands, functions and parameter transforms (the layer above);
+    ``commands`` the builtins and utilities by name."""
 
     def __init__(self, fs: VirtualFS, commands: dict[str, CommandFn], env: dict[str, str],
-                 line_numbers: bool = True, output_limit: int = 1 << 20,
+                 grammar: Grammar, line_numbers: bool = True, output_limit: int = 1 << 20,
                  file_limit: int = 1 << 24) -> None:
         self.fs = fs
         self.commands = commands
+        self.grammar = grammar
         self.vars: dict[str, str] = dict(env)
         self.exported: set[str] = set(env)
         self.functions: dict[str, Compound] = {}
@@ -425,9 +444,7 @@ class Shell:
 
     def run_node(self, node: Command | Compound, inp: InStream, out: Sink, err: Sink) -> int:
         if isinstance(node, Compound):
-            from compactrl.envs.shell_sim.control import run_compound
-
-            return run_compound(self, node, inp, out, err)
+            return self.grammar.run_compound(self, node, inp, out, err)
         return self.run_command(node, inp, out, err)
 
     # ----------------------------------------------------------------- simple commands
@@ -461,9 +478,7 @@ class Shell:
     def call(self, name: str, args: list[str], io: IO, functions: bool = True) -> int:
         """Run a function, builtin or utility by name (``command`` and ``xargs`` skip functions)."""
         if functions and name in self.functions:
-            from compactrl.envs.shell_sim.control import call_function
-
-            return call_function(self, name, args, io)
+            return self.grammar.call_function(self, name, args, io)
         fn = self.commands.get(name)
         if fn is None:
             return self._not_found(name, io)
@@ -644,9 +659,7 @@ class Shell:
         value = self.param(p.text)
         if p.op == "":
             return value
-        from compactrl.envs.shell_sim.control import param_transform
-
-        return param_transform(self, p, value)
+        return self.grammar.param_transform(self, p, value)
 
     def _param_default(self, p: Part) -> str:
         colon = p.op.startswith(":")
@@ -809,6 +822,17 @@ class Shell:
                 if last or self.fs.is_dir(self.resolve(path)):
                     out.append(path)
         return out
+
+
+def pattern_regex(sh: Shell, word: Word) -> re.Pattern:
+    """A glob pattern word (quoted parts literal) as a regex over a whole string (``case``, ``[[ == ]]``)."""
+    chars: list[str] = []
+    mask: list[bool] = []
+    for p in word.parts:
+        text = sh.param_op(p) if p.var else p.text
+        chars.append(text)
+        mask.extend([p.quoted] * len(text))
+    return re.compile(fnmatch_to_regex("".join(chars), mask, pathname=False), re.DOTALL)
 
 
 def _ifs_split(value: str, ifs: str) -> list[str]:
