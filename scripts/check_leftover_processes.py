@@ -69,15 +69,23 @@ def marked_processes(patterns: list[str]) -> list[int]:
     return sorted(found)
 
 
-def describe(pid: int) -> str:
+def describe(pid: int) -> str | None:
+    """One line naming a live process, or None when it has ended (or is a zombie) by now."""
     stat = _stat(pid)
     cmd = (_read(pid, "cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
-    if stat is None:
-        return f"{pid} (gone)"
+    if stat is None or stat[0] in ("Z", "X") or _stat(pid) is None:  # ended while we read it
+        return None
     with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])
     age = uptime - stat[2] / os.sysconf("SC_CLK_TCK")
     return f"pid {pid} (parent {stat[1]}, {age:.0f} s old): {cmd[:200]}"
+
+
+def survivors(pids: list[int]) -> dict[int, str]:
+    """The pids still alive now, each with its description: a process found at the last poll may
+    have ended since, and one that ends as the wait runs out is not a leftover."""
+    described = {pid: describe(pid) for pid in pids}
+    return {pid: line for pid, line in described.items() if line is not None}
 
 
 def wait_for_exit(patterns: list[str], timeout_s: float) -> list[int]:
@@ -99,20 +107,20 @@ def main(argv: list[str]) -> int:
     bad = [p for p in args.patterns if "=" not in p]
     if bad:
         parser.error(f"PATTERN: expected NAME=VALUE, got {bad}")
-    left = wait_for_exit(args.patterns, args.wait)
+    left = survivors(wait_for_exit(args.patterns, args.wait))
     if not left:
         return 0
     sys.stderr.write(f"{len(left)} process(es) of this run still alive after {args.wait:g} s:\n")
-    for pid in left:
-        sys.stderr.write(f"  {describe(pid)}\n")
+    for line in left.values():
+        sys.stderr.write(f"  {line}\n")
     if args.kill:
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        survivors = wait_for_exit(args.patterns, 5.0)
-        sys.stderr.write(f"killed them; {len(survivors)} still alive\n")
+        after_kill = survivors(wait_for_exit(args.patterns, 5.0))
+        sys.stderr.write(f"killed them; {len(after_kill)} still alive\n")
     return 1
 
 

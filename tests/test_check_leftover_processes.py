@@ -59,3 +59,26 @@ def test_the_checker_and_its_ancestors_are_not_leftovers():
     res = _check(f"CHECK_RUN={run}", env={**os.environ, "CHECK_RUN": run})  # the checker carries the marker
     assert res.returncode == 0, res.stderr
     assert _check("no-equals-sign").returncode == 2
+
+
+def test_a_process_that_ends_as_the_wait_runs_out_is_not_a_leftover():
+    """The last poll can see a process that is gone (or a zombie) by the time it is reported."""
+    import importlib.util
+    import signal
+
+    spec = importlib.util.spec_from_file_location("check_leftover_processes", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    live, zombie, reaped = (_sleeper({}) for _ in range(3))
+    try:
+        zombie.send_signal(signal.SIGKILL)  # dead, not reaped: a zombie until wait()
+        reaped.kill()
+        reaped.wait()
+        os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # blocks until it has exited; not reaped
+        assert module._stat(zombie.pid)[0] == "Z"
+        left = module.survivors([live.pid, zombie.pid, reaped.pid])
+        assert list(left) == [live.pid] and left[live.pid].startswith(f"pid {live.pid} ")
+    finally:
+        for p in (live, zombie):
+            p.kill()
+            p.wait()

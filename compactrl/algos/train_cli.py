@@ -41,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help="a config.json to start from instead of a preset")
     parser.add_argument("--no-progress", action="store_true", help="no progress display (log lines only)")
     parser.add_argument("--ray", action="store_true",
-                        help="run the rollout workers (--distributed.num_rollout_workers) on a local Ray that the "
-                             "command starts (loopback only, no dashboard, no usage stats) and stops")
+                        help="run the rollouts on workers in a local Ray that the command starts (loopback only, "
+                             "no dashboard, no usage stats) and stops; without --distributed.num_rollout_workers, "
+                             "one worker per CPU Ray sees that no engine takes (printed)")
     parser.add_argument("--ray-address", default=None,
-                        help="run the rollout workers on the Ray cluster at this address (host:port, or auto)")
+                        help="run the rollout workers on the Ray cluster at this address (host:port, or auto); "
+                             "the worker count defaults as with --ray, from the cluster's CPUs")
     defaults = preset("main")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, tp, _, doc in iter_fields():
@@ -97,14 +99,61 @@ def _lookup(cfg: Any, dotted: str) -> Any:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The preset (or ``--config``) with the command line's overrides applied and validated."""
+    cfg, changes = _base_config(args), _changes(args)
+    if _auto_workers(args, cfg, changes):
+        # a placeholder that validates (engines need a worker); the count is chosen once Ray is up
+        changes[WORKERS] = 1
+    return override(cfg, changes) if changes else cfg
+
+
+def _base_config(args: argparse.Namespace) -> TrainConfig:
     if args.config:
-        cfg = TrainConfig.from_dict(__import__("json").loads(Path(args.config).read_text()))
-    else:
-        cfg = preset(args.preset)
+        return TrainConfig.from_dict(__import__("json").loads(Path(args.config).read_text()))
+    return preset(args.preset)
+
+
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
     changes = {k.split(":", 1)[1]: v for k, v in vars(args).items() if k.startswith("cfg:")}
     if args.algo:
         changes["rl.algo"] = args.algo
-    return override(cfg, changes) if changes else cfg
+    return changes
+
+
+WORKERS = "distributed.num_rollout_workers"
+
+
+def _wants_ray(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "ray", False) or getattr(args, "ray_address", None))
+
+
+def _auto_workers(args: argparse.Namespace, cfg: TrainConfig, changes: dict[str, Any]) -> bool:
+    """``--ray``/``--ray-address`` given, the worker count not: :func:`choose_workers` picks it."""
+    return (_wants_ray(args) and not getattr(args, "resume", False) and WORKERS not in changes
+            and cfg.distributed.num_rollout_workers == 0
+            and changes.get("rollout.source", cfg.rollout.source) != "mini_swe_agent")  # refused: no workers
+
+
+def choose_workers(cpus: float, engines: int) -> int:
+    """Rollout workers for a Ray with ``cpus`` CPUs: one per CPU that no engine reserves (each worker
+    and each engine reserves one CPU, so more would wait for a CPU that never frees)."""
+    workers = int(cpus) - engines
+    if workers < 1:
+        raise ValueError(f"{WORKERS}: Ray sees {cpus:g} CPU(s) and distributed.num_engines={engines} reserves "
+                         f"{engines}: no CPU is left for a rollout worker; lower the engines or add CPUs")
+    return workers
+
+
+def _with_chosen_workers(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with one rollout worker per free CPU of the Ray this process is connected to, said on stdout."""
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    workers = choose_workers(cpus, cfg.distributed.num_engines)
+    engines = cfg.distributed.num_engines
+    print(f"compactrl train: {WORKERS}={workers} (Ray sees {cpus:g} CPU(s)"  # noqa: T201 - CLI output
+          f"{f', {engines} taken by engines' if engines else ''}; set --{WORKERS} to choose)", flush=True)
+    log.info("%s=%d chosen from %g CPU(s), %d engine(s)", WORKERS, workers, cpus, engines)
+    return override(cfg, {WORKERS: workers})
 
 
 def _resolve_out(args: argparse.Namespace, cfg: TrainConfig) -> Path:
@@ -126,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
         out = _resolve_out(args, cfg)
         given = [k.split(":", 1)[1] for k in vars(args) if k.startswith("cfg:")]
+        auto_workers = _auto_workers(args, _base_config(args), _changes(args))
         if not args.resume:  # a resumed run checks its stored config when its collector starts
             _check_ray_args(args, cfg)
         if args.resume and set(given) - {"rl.iterations"}:
@@ -137,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.no_progress else (_rich_progress() if sys.stdout.isatty() else TextProgress())
     try:
         extend = cfg.rl.iterations if args.resume and "cfg:rl.iterations" in vars(args) else None
-        with _ray(args):
+        with _ray(args, cfg):
+            if auto_workers:
+                cfg = _with_chosen_workers(cfg)
             result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
     except ValueError as exc:  # the run directory does not fit the request (exists, or already longer)
         log.debug("train failed", exc_info=True)
@@ -155,23 +207,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_ray_args(args: argparse.Namespace, cfg: TrainConfig) -> None:
-    workers = cfg.distributed.num_rollout_workers
     if args.ray and args.ray_address:
         raise ValueError("--ray starts a local Ray, --ray-address joins a cluster: give one of them")
-    if (args.ray or args.ray_address) and not workers:
-        raise ValueError("distributed.num_rollout_workers: expected >= 1 with --ray/--ray-address, got 0")
-    if workers and not (args.ray or args.ray_address):
-        raise ValueError(f"distributed.num_rollout_workers={workers} needs a Ray: add --ray (local) or --ray-address")
+    if _wants_ray(args) and cfg.rollout.source == "mini_swe_agent":
+        raise ValueError("--ray: rollout.source=mini_swe_agent runs its episodes in the trainer's process, "
+                         "behind its in-process gateway; drop --ray")
 
 
-def _ray(args: argparse.Namespace):
-    """The run's Ray (started here and stopped at the end, or joined), or nothing."""
+def _ray(args: argparse.Namespace, cfg: TrainConfig):
+    """The run's Ray (started here and stopped at the end, or joined), or nothing.
+
+    Rollout workers without ``--ray``/``--ray-address`` get a local Ray, as ``--ray`` would start
+    (said on stdout): asking for workers is asking for a Ray."""
     import contextlib
 
-    if not (args.ray or args.ray_address):
+    workers = cfg.distributed.num_rollout_workers
+    if not _wants_ray(args) and not (workers and not args.resume):
         return contextlib.nullcontext()
     from compactrl.distributed import ray_for_run
 
+    if not _wants_ray(args):
+        print(f"compactrl train: {WORKERS}={workers}: starting a local Ray for them "  # noqa: T201 - CLI output
+              "(as --ray does; --ray-address joins a cluster)", flush=True)
     return ray_for_run(args.ray_address or "")
 
 

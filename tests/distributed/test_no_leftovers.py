@@ -7,6 +7,7 @@ processes (never the session fixture's or anyone else's).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -91,26 +92,61 @@ def test_local_ray_and_a_collector_leave_nothing_behind():
     shutil.rmtree(tmp)
 
 
+def _train_with_ray(tmp: str, *argv: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = _run([sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", *argv, "--rl.iterations", "1",
+                "--out", f"{tmp}/run", "--no-progress"], tmp)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
+    return out, rows
+
+
+def test_train_with_ray_alone_picks_a_worker_per_cpu_says_so_and_leaves_nothing_behind():
+    """``compactrl train --preset smoke --ray`` with no worker count: one worker per CPU Ray sees."""
+    tmp = _short_tmp()
+    shm_before = _shm()
+    out, rows = _train_with_ray(tmp, "--ray")
+    cpus = os.cpu_count() or 1  # what the local Ray is started with
+    assert f"distributed.num_rollout_workers={cpus} (Ray sees {cpus} CPU(s); set " in out.stdout, out.stdout[-2000:]
+    assert rows[-1]["train/rollout_workers"] == cpus and rows[-1]["train/episodes"] >= 1
+    assert json.loads(Path(f"{tmp}/run/config.json").read_text())["distributed"]["num_rollout_workers"] == cpus
+    _check_nothing_left(tmp, shm_before)
+    shutil.rmtree(tmp)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers,engines", [(2, 0), (1, 1)], ids=["workers", "worker+engine"])
 def test_train_with_ray_runs_the_rollouts_on_workers_and_leaves_nothing_behind(workers, engines):
-    import json
-
     tmp = _short_tmp()
     shm_before = _shm()
-    out = _run([sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--ray",
-                "--distributed.num_rollout_workers", str(workers), "--distributed.envs_per_worker", "1",
-                "--distributed.num_engines", str(engines), "--rl.iterations", "1", "--out", f"{tmp}/run",
-                "--no-progress"], tmp)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
+    _, rows = _train_with_ray(tmp, "--ray", "--distributed.num_rollout_workers", str(workers),
+                              "--distributed.envs_per_worker", "1", "--distributed.num_engines", str(engines))
     assert rows[-1]["train/rollout_workers"] == workers and rows[-1]["train/episodes"] >= 1
     assert rows[-1].get("train/engines", 0.0) == engines
     _check_nothing_left(tmp, shm_before)
     shutil.rmtree(tmp)
 
 
-def test_train_refuses_workers_without_a_ray(tmp_path, capsys):
+@pytest.mark.slow
+def test_train_with_workers_alone_starts_a_local_ray_and_says_so():
+    tmp = _short_tmp()
+    shm_before = _shm()
+    out, rows = _train_with_ray(tmp, "--distributed.num_rollout_workers", "1")
+    assert "distributed.num_rollout_workers=1: starting a local Ray" in out.stdout
+    assert rows[-1]["train/rollout_workers"] == 1
+    _check_nothing_left(tmp, shm_before)
+    shutil.rmtree(tmp)
+
+
+def test_the_default_worker_count_leaves_the_engines_their_cpus():
+    from compactrl.algos.train_cli import choose_workers
+
+    assert [choose_workers(2, 0), choose_workers(2.0, 1), choose_workers(16, 4)] == [2, 1, 12]
+    with pytest.raises(ValueError, match=r"distributed.num_rollout_workers: Ray sees 1 CPU\(s\) and "
+                                         r"distributed.num_engines=1"):
+        choose_workers(1, 1)
+
+
+def test_train_ray_flags_that_cannot_work_are_refused_before_anything_starts(tmp_path, capsys):
     import argparse
 
     from compactrl.algos import train_cli
@@ -120,11 +156,25 @@ def test_train_refuses_workers_without_a_ray(tmp_path, capsys):
         train_cli.add_arguments(parser)
         return train_cli.run(parser.parse_args(["--preset", "smoke", "--out", str(tmp_path / "run"), *argv]))
 
-    assert run("--distributed.num_rollout_workers", "2") == 2
-    assert "needs a Ray: add --ray" in capsys.readouterr().out
-    assert run("--ray") == 2
-    assert "distributed.num_rollout_workers: expected >= 1" in capsys.readouterr().out
+    assert run("--ray", "--ray-address", "auto") == 2
+    assert "give one of them" in capsys.readouterr().out
+    assert run("--ray", "--rollout.source", "mini_swe_agent", "--env.backend", "local") == 2
+    assert "drop --ray" in capsys.readouterr().out
     assert not (tmp_path / "run").exists()
+
+
+def test_config_from_args_with_ray_validates_engines_before_the_worker_count_is_chosen():
+    import argparse
+
+    from compactrl.algos import train_cli
+
+    parser = argparse.ArgumentParser()
+    train_cli.add_arguments(parser)
+    cfg = train_cli.config_from_args(parser.parse_args(["--preset", "smoke", "--ray", "--distributed.num_engines", "1"]))
+    assert cfg.distributed.num_engines == 1 and cfg.distributed.num_rollout_workers >= 1
+    given = train_cli.config_from_args(parser.parse_args(["--preset", "smoke", "--ray",
+                                                          "--distributed.num_rollout_workers", "3"]))
+    assert given.distributed.num_rollout_workers == 3
 
 
 LISTENERS = """
@@ -132,14 +182,20 @@ import os, ray
 from pathlib import Path
 from compactrl.distributed import local_ray
 
+def read(path, reader):
+    # any process, and any of its fds, may end between the listing and the read
+    try:
+        return reader(path)
+    except OSError:
+        return None
+
 def listening(pids):
     inodes = set()
     for pid in pids:
-        try:
-            links = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
-        except OSError:
-            continue
-        inodes |= {l[8:-1] for l in links if l.startswith("socket:[")}
+        for fd in read(f"/proc/{pid}/fd", os.listdir) or ():
+            link = read(f"/proc/{pid}/fd/{fd}", os.readlink) or ""
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
     addrs = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -150,8 +206,9 @@ def listening(pids):
 
 with local_ray(num_cpus=1, object_store_bytes=128 * 1024**2) as temp_dir:
     print(ray.util.get_node_ip_address())
-    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-            and temp_dir.encode() in (p / "cmdline").read_bytes()] + [os.getpid()]
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()
+            and temp_dir.encode() in (read(f"/proc/{p}/cmdline", lambda f: Path(f).read_bytes()) or b"")]
+    pids.append(os.getpid())
     print(",".join(sorted(set(listening(pids)))))
 print(os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray._private.ray_constants.ENABLE_RAY_CLUSTER)
 """

@@ -82,9 +82,9 @@ def test_language_agrees_with_bash(command: str) -> None:
 
 # ===================================================================== limits
 def test_an_infinite_loop_ends_like_a_timeout() -> None:
-    t0 = time.monotonic()
-    res = ShellEmulator({}).run("echo start; while true; do :; done; echo never")
-    assert time.monotonic() - t0 < 20
+    # no time budget to race with: the default iteration cap alone must end it, whatever the load
+    res = ShellEmulator({}).run("echo start; while true; do :; done; echo never", timeout_s=1e9)
+    assert "more than 100000 loop iterations" in res.output
     assert res.exit_code == 124 and res.timed_out
     assert res.output.startswith("start\n") and "[timed out after" in res.output and "never" not in res.output
 
@@ -93,7 +93,7 @@ def test_the_time_budget_ends_a_loop_before_the_iteration_cap() -> None:
     sh = ShellEmulator({}, max_loop_iterations=10**9)
     t0 = time.monotonic()
     res = sh.run("while :; do x=1; done", timeout_s=0.5)
-    assert 0.4 < time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 >= 0.5  # no upper bound: a starved process may overrun its budget
     assert (res.exit_code, res.timed_out) == (124, True) and "the time budget" in res.output
     assert sh.run("echo fine").output == "fine\n"  # the session goes on after a timeout
 
