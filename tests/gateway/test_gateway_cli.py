@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
+import re
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,17 +21,38 @@ from compactrl.gateway.recording import load_session
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _server_url(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, list[str]]:
+    """The URL a ``compactrl serve|gateway --port 0`` process prints once its socket is bound, and
+    the list its output keeps going into (read on a thread, so the server never blocks on a full pipe).
+
+    Port 0 lets the kernel pick a free port that the server holds from then on; probing for a free
+    port and passing it races with every other process on the host (bind, release, then someone
+    else's bind)."""
+    lines: list[str] = []
+    found: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if (m := re.search(r" on (http://[^/\s]+)/v1", line)) is not None:
+                found.put(m.group(1))
+        found.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        url = found.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"no address printed within {timeout} s: {''.join(lines)[-3000:]}") from None
+    if url is None:
+        raise RuntimeError(f"server exited with {proc.wait()}: {''.join(lines)[-3000:]}")
+    return url, lines
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with {proc.returncode}: {proc.stdout.read()}")
+            raise RuntimeError(f"gateway exited with {proc.returncode}")
         try:
             if requests.get(f"{url}/health", timeout=1).status_code == 200:
                 return
@@ -40,14 +63,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> N
 
 @pytest.mark.timeout(300)
 def test_gateway_process_records_a_session_and_stops_cleanly(tmp_path):
-    port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "compactrl.cli", "gateway", "--tiny", "glm4_moe", "--port", str(port), "--threads", "1",
+        [sys.executable, "-m", "compactrl.cli", "gateway", "--tiny", "glm4_moe", "--port", "0", "--threads", "1",
          "--record-dir", str(tmp_path), "--served-model-name", "tiny"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
     try:
+        url, output = _server_url(proc)
         _wait_healthy(url, proc)
         client = openai.OpenAI(base_url=f"{url}/s/cli-1/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list()] == ["tiny"]
@@ -60,7 +82,7 @@ def test_gateway_process_records_a_session_and_stops_cleanly(tmp_path):
         assert session.reward == 0.5 and len(session.calls) == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        assert "compactrl gateway: model 'tiny' on http://127.0.0.1:" in proc.stdout.read()
+        assert any(line.startswith("compactrl gateway: model 'tiny' on http://127.0.0.1:") for line in output)
     finally:
         if proc.poll() is None:
             proc.kill()

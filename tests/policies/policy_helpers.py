@@ -1,9 +1,11 @@
 """Helpers shared by the policy tests (imported by name: pytest puts this folder on sys.path)."""
 
 import os
-import socket
+import queue
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,10 +42,31 @@ def right_padded(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, tor
     return tokens, mask
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def server_url(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, list[str]]:
+    """The URL a ``compactrl serve|gateway --port 0`` process prints once its socket is bound, and
+    the list its output keeps going into (read on a thread, so the server never blocks on a full pipe).
+
+    Port 0 lets the kernel pick a free port that the server holds from then on; probing for a free
+    port and passing it races with every other process on the host (bind, release, then someone
+    else's bind)."""
+    lines: list[str] = []
+    found: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if (m := re.search(r" on (http://[^/\s]+)/v1", line)) is not None:
+                found.put(m.group(1))
+        found.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        url = found.get(timeout=timeout)
+    except queue.Empty:
+        raise TimeoutError(f"no address printed within {timeout} s: {''.join(lines)[-3000:]}") from None
+    if url is None:
+        raise RuntimeError(f"server exited with {proc.wait()}: {''.join(lines)[-3000:]}")
+    return url, lines
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
@@ -52,7 +75,7 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stdout.read() if proc.stdout else ''}")
+            raise RuntimeError(f"server exited with {proc.returncode}")
         try:
             if requests.get(f"{url}/health", timeout=1).status_code == 200:
                 return
@@ -63,15 +86,14 @@ def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float 
 
 
 def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    """``compactrl serve`` in a real subprocess on a free loopback port."""
-    port = free_port()
+    """``compactrl serve`` in a real subprocess on a loopback port the kernel picks."""
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "compactrl.cli", "serve", "--port", str(port), "--threads", "2", *args],
+        [sys.executable, "-m", "compactrl.cli", "serve", "--port", "0", "--threads", "2", *args],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    url = f"http://127.0.0.1:{port}"
     try:
+        url, _ = server_url(proc)
         wait_healthy(url, proc)
     except BaseException:
         proc.kill()

@@ -8,6 +8,7 @@ classes docs/sandboxes.md lists (measured by ``benchmarks/sandbox_agreement.py``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -108,7 +109,8 @@ def test_sandbox_killed_from_outside_truncates_the_episode(backend):
             from compactrl.envs.sandbox.local import _ns_processes
 
             for pid in _ns_processes(sandbox.pid_namespace):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # killing its init may have ended it already
+                    os.kill(pid, signal.SIGKILL)
         else:
             sandbox._client.api.kill(sandbox.container_id)
         obs, reward, terminated, truncated, info = env.step("<tool>shell echo still-there</tool>")

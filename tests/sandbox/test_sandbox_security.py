@@ -6,6 +6,7 @@ nothing here aims at any other address.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -152,7 +153,8 @@ def _kill_from_outside(sb) -> None:
         from compactrl.envs.sandbox.local import _ns_processes
 
         for pid in _ns_processes(sb.pid_namespace):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # killing its init may have ended it already
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while _ns_processes(sb.pid_namespace) and time.monotonic() < deadline:
             time.sleep(0.01)
