@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
 # Set up and run the test suite (what CI runs). Extra args go to pytest.
 #
+#   bash scripts/test.sh [--quick] [pytest args...]
+#
+# --quick: in a checkout that is set up already, ruff, then the tests listed in tests/quick.txt
+# (every package's fast unit and invariant tests, one real sandbox test per installed backend, no
+# training runs); the docker backend's test runs when Podman (or DOCKER_HOST) and the sandbox image
+# are already there. Minutes instead of the full suite's ~20 on 2 cores.
+#
 # Every process the run starts inherits COMPACTRL_TEST_RUN (podman's conmon processes carry this
 # run's CONTAINERS_CONF instead); at the end, any such process still alive fails the run. Temporary
 # files (pytest's tmp_path, sandbox session dirs, servers' record dirs, matplotlib's cache) go to one
 # directory under $TMPDIR, removed when the run passes and kept, with its path printed, when not.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [[ "${1:-}" == "--quick" ]]; then QUICK=1; shift; fi
 export COMPACTRL_TEST_RUN="${COMPACTRL_TEST_RUN:-$(date +%s)-$$}"
 RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/compactrl-test.$COMPACTRL_TEST_RUN.XXXXXX") || exit 1
 export TMPDIR="$RUN_TMP" MPLCONFIGDIR="$RUN_TMP/matplotlib"
 
+quick() {
+  # a fresh checkout is set up first (no apt: the real backends run only where already installed)
+  .venv/bin/python -c "import compactrl" 2>/dev/null || bash scripts/setup.sh || return 1
+  .venv/bin/ruff check compactrl tests benchmarks examples scripts || return 1
+  .venv/bin/python scripts/check_class_duplicates.py || return 1
+  local entries
+  mapfile -t entries < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick.txt | grep .)
+  .venv/bin/python -m pytest -m "not slow and not gpu and not docker" "${entries[@]}" "$@" || return $?
+  local image=${COMPACTRL_SANDBOX_IMAGE:-compactrl-sandbox:latest}
+  if [[ -n "${DOCKER_HOST:-}" ]] || { command -v podman && command -v runc && command -v debootstrap \
+       && podman image exists "$image"; } >/dev/null 2>&1; then
+    bash scripts/ci_docker.sh tests/sandbox/test_sandbox_shell.py::test_run_tests_reports_per_test_verdicts_and_hides_hidden_files "$@"
+  else
+    echo "test.sh --quick: no Podman with the image $image and no DOCKER_HOST: the docker backend's test is skipped"
+  fi
+}
+
 run() {
+  [[ $QUICK == 0 ]] || { quick "$@"; return $?; }
   bash scripts/setup.sh --system || return 1
   .venv/bin/ruff check compactrl tests benchmarks examples scripts || return 1
   .venv/bin/python scripts/check_class_duplicates.py || return 1
