@@ -13,6 +13,7 @@ import ctypes
 import errno
 import os
 import stat
+import subprocess
 
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
@@ -180,3 +181,25 @@ class HostWorkDir:
                 except OSError:
                     continue
         return sorted(out)
+
+
+def copy_tree(source: str, dest: str, owner: tuple[int, int] | None = None, skip: tuple[str, ...] = (".git",)) -> None:
+    """Copy the host folder ``source`` into the fresh work dir ``dest`` as it is on disk: file modes
+    (a runner's executable bit), symlinks as symlinks, binary files, timestamps (a build step's
+    outputs stay newer than their sources); top-level names in ``skip`` are left out (a git work
+    tree's ``.git`` points outside). ``owner``: given to everything copied (sandboxed code runs as
+    another user and must edit the files). Runs before any sandboxed code can touch ``dest``."""
+    if not os.path.isdir(source):
+        raise FileNotFoundError(errno.ENOENT, "no work tree folder", source)
+    names = [n for n in sorted(os.listdir(source)) if n not in skip]
+    if names:
+        res = subprocess.run(["cp", "-R", "--no-dereference", "--preserve=mode,timestamps,links", "--",
+                              *[os.path.join(source, n) for n in names], dest + "/"],
+                             capture_output=True, text=True, timeout=1800)
+        if res.returncode != 0:
+            raise OSError(errno.EIO, f"copying the work tree {source} failed: {res.stderr.strip()[-500:]}", source)
+    if owner is not None:
+        res = subprocess.run(["chown", "-R", "--no-dereference", f"{owner[0]}:{owner[1]}", "--", dest],
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode != 0:
+            raise OSError(errno.EPERM, f"chown of the work tree copy failed: {res.stderr.strip()[-500:]}", dest)
