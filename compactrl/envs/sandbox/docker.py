@@ -175,6 +175,24 @@ def _tar(files: dict[str, bytes], owner: tuple[int, int] = (0, 0), mode: int = 0
     return buf.getvalue()
 
 
+def _tree_tar(source: str, owner: tuple[int, int] = (0, 0), skip: tuple[str, ...] = (".git",)) -> bytes:
+    """A tar archive of the host folder ``source`` as it is on disk (modes, symlinks, binary files,
+    timestamps), owned by ``owner``; top-level names in ``skip`` left out (a work tree's ``.git``)."""
+    if not os.path.isdir(source):
+        raise SandboxError(f"the task's work tree {source!r} is not a folder (prepare the task again)")
+
+    def own(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid, info.uname, info.gname = owner[0], owner[1], "", ""
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(os.listdir(source)):
+            if name not in skip:
+                tar.add(os.path.join(source, name), arcname=name, recursive=True, filter=own)
+    return buf.getvalue()
+
+
 def _owner(user: str | None) -> tuple[int, int]:
     if user and user.split(":")[0].isdigit():
         uid, _, gid = user.partition(":")
@@ -425,6 +443,9 @@ class DockerSandbox:
             self._create(in_image, built=bool(build))
             # a built image already holds the files, with the modes and edits of its RUN steps
             files = {} if build else {work_rel(p): file_bytes(c) for p, c in task.files.items()}
+            if task.metadata.get("work_tree") and not build:  # modes, symlinks, built files; then the files
+                self._api().put_archive(self.container_id, self._workdir,
+                                        _tree_tar(str(task.metadata["work_tree"]), _owner(cfg.user)))
             if files:
                 self._put(files)
             res = self._exec_raw(["bash", "--noprofile", "--norc", "-c",
