@@ -369,12 +369,21 @@ def format_report(report: TestReport) -> str:
 def _final_info(report: TestReport | None) -> dict[str, Any]:
     if report is None:
         return {"success": False, "tests_passed": 0, "tests_failed": 0, "test_summary": "not graded"}
-    return {
+    info = {
         "success": bool(report.success),
         "tests_passed": len(report.passed),
         "tests_failed": len(report.failed),
         "test_summary": format_report(report),
+        # the verdict's evidence, for reports (eval's --out records, tasks validate)
+        "test_timed_out": bool(report.timed_out),
+        "test_log_tail": report.log_tail,
+        "test_output": report.output,
     }
+    if report.exit_code is not None:
+        info["test_exit_code"] = int(report.exit_code)
+    if report.limit_hit:
+        info["test_limit_hit"] = report.limit_hit
+    return info
 
 
 class CodeRepoEnv(ToolEnv):

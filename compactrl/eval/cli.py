@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model", default=None, help="server: model name (default: the first of /v1/models)")
     parser.add_argument("--num-envs", type=int, default=1, help="envs stepped together (one batched policy call per round)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (config, summary, episodes)")
-    parser.add_argument("--out", default=None, metavar="FILE", help="write one JSON line per episode (task) to FILE")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="write one JSON line per episode (task) to FILE (with the test run's output)")
+    parser.add_argument("--expect", default=None, choices=("success", "failure"),
+                        help="exit 1 unless every episode (task) ends this way, e.g. gold: success, noop: failure")
     _add_task_arguments(parser)
 
 
@@ -104,7 +107,34 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"config": config, "summary": summary, "episodes": records}, sort_keys=True))
     else:
         print(format_table(config, summary, records if args.tasks else []))
-    return 0
+        if args.tasks:
+            tails = failed_tails(records)
+            if tails:
+                print(tails)
+    return expectation_status(records, args.expect)
+
+
+def expectation_status(records: list[dict[str, Any]], expect: str | None) -> int:
+    """1 when ``expect`` (``success``/``failure``) is set and some episode ended otherwise (a task
+    that could not be graded meets neither), else 0."""
+    if expect is None:
+        return 0
+    want = expect == "success"
+    wrong = [r for r in records if r.get("not_gradable") or bool(r.get("success")) != want]
+    return 1 if wrong else 0
+
+
+def failed_tails(records: list[dict[str, Any]]) -> str:
+    """For every failed episode, the tail of its test log (or why it was not graded / its sandbox
+    error): a test that never ran must not look like a test that failed."""
+    parts = []
+    for r in records:
+        if r.get("success"):
+            continue
+        info = r.get("info") or {}
+        body = r.get("not_gradable") or r.get("sandbox_error") or info.get("test_log_tail") or "(no test output)"
+        parts.append(f"--- {r['task_id']}: last lines of the test log ---\n{body}")
+    return "\n".join(parts)
 
 
 def _json_object(option: str, text: str) -> dict[str, Any]:
@@ -137,9 +167,18 @@ def _run_tasks(args: argparse.Namespace, spec: PolicySpec):
     sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
     budget = _task_budget(args)
     tasks = _load_tasks(args)
-    summary, records = evaluate_tasks(tasks, make_policy(spec), args.backend, sandbox_kwargs=sandbox_kwargs,
-                                      max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed,
-                                      context_budget=budget, give_task_to_policy=spec.kind == "scripted")
+    # a task its loader flagged is reported with the reason, never run nor graded
+    gradable = [t for t in tasks if not t.metadata.get("not_gradable")]
+    summary, done = evaluate_tasks(gradable, make_policy(spec), args.backend, sandbox_kwargs=sandbox_kwargs,
+                                   max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed,
+                                   context_budget=budget, give_task_to_policy=spec.kind == "scripted") if gradable \
+        else ({}, [])
+    by_id = iter(done)
+    records = [next(by_id) if not t.metadata.get("not_gradable") else
+               {"task_id": t.id, "source": t.source, "kind": t.kind, "success": False,
+                "not_gradable": str(t.metadata["not_gradable"]), "info": {}} for t in tasks]
+    if len(gradable) < len(tasks):
+        summary = {**summary, "not_gradable": float(len(tasks) - len(gradable))}
     config = dict(tasks=args.tasks, policy=args.policy, backend=args.backend, seed=args.seed, budget=args.budget)
     return config, summary, records
 
@@ -194,6 +233,9 @@ def format_table(config: dict[str, Any], summary: dict[str, float], records: lis
     lines = []
     for r in records:
         status = "ok  " if r["success"] else "FAIL"
+        if r.get("not_gradable"):
+            lines.append(f"SKIP {r['task_id']}  not gradable: {r['not_gradable']}")
+            continue
         error = f"  error={r['sandbox_error']}" if r.get("sandbox_error") else ""
         notes = f"  notes={'; '.join(r['task_notes'])}" if r.get("task_notes") else ""
         lines.append(f"{status} {r['task_id']}  steps={r['steps']}  traces={r['num_traces']}{error}{notes}")

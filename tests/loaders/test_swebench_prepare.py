@@ -78,7 +78,8 @@ def test_prepare_builds_the_env_the_work_tree_and_the_specs(prepared) -> None:
                           capture_output=True, text=True).stdout.strip()
     assert open(os.path.join(site, "__editable__.mathkit.pth")).read() == "/workspace\n"
     specs = load_specs(report.specs_path)
-    assert specs["mathkit-dev/mathkit@0.3"] == {"test_command": "{python} -m pytest -rA -p no:cacheprovider {test_files}"}
+    # the harness's own test command, run with the row's environment first on PATH
+    assert specs["mathkit-dev/mathkit@0.3"] == {"test_command": "pytest -rA {test_files}"}
     assert specs[IID] == {"python": rec["python"], "checkout": rec["checkout"], "generated_files": ["mathkit/_version.py"]}
     manifest = json.load(open(report.manifest_path))
     assert manifest["instances"][IID]["commands"] == [_install_command()]
@@ -148,7 +149,8 @@ def test_a_missing_or_conda_spec_fails_per_instance(tmp_path, repos_root) -> Non
     report = sp.prepare(_rows(tmp_path), _config(tmp_path, repos_root, harness_specs=str(other)))
     assert f"{IID}: repo: 'mathkit-dev/mathkit' has no harness spec" in report.failed[IID]
     conda = _config(tmp_path, repos_root, harness_specs=_harness(tmp_path, packages="environment.yml"))
-    assert "conda environment.yml" in sp.prepare(_rows(tmp_path), conda).failed[IID]
+    # a conda environment.yml becomes its pip-installable dependencies; the row's commit has none
+    assert "packages: none of ['environment.yml'] exists" in sp.prepare(_rows(tmp_path), conda).failed[IID]
     unknown = sp.prepare(_rows(tmp_path, version="9.9"), _config(tmp_path, repos_root)).failed[IID]
     assert f"{IID}: version: '9.9' of mathkit-dev/mathkit has no harness spec (known: ['0.3'])" in unknown
 
@@ -209,7 +211,8 @@ def test_requirements_inline_includes_and_drop_the_repository_itself(tmp_path) -
 
 
 def test_the_harness_test_command_becomes_a_template() -> None:
-    assert sp.test_command("pytest --no-header -rA") == "{python} -m pytest --no-header -rA -p no:cacheprovider {test_files}"
+    assert sp.test_command("pytest --no-header -rA") == "pytest --no-header -rA {test_files}"
+    assert sp.test_command("tox --current-env -epy39 -v --") == "tox --current-env -epy39 -v -- {test_files}"
     assert sp.test_command("bin/test -C --verbose") == "bin/test -C --verbose {test_files}"
     assert sp.test_command(None) is None
 

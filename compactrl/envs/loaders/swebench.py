@@ -91,12 +91,20 @@ class SWEBenchConfig:
     """Wall-clock limit of an episode."""
     test_timeout_s: float = 900.0
     """Limit of one test run."""
-    specs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """Per-repository settings (:func:`load_specs`): ``owner/name``, ``owner/name@version`` or an
-    ``instance_id`` -> ``python``, ``setup``, ``test_command``, ``log_parser``, ``generated_files``,
-    ``checkout`` (a work tree of the instance at ``base_commit``, used instead of ``repos_root``)."""
+    specs: Mapping[str, Mapping[str, Any]] | str = field(default_factory=dict)
+    """Per-repository settings, or the path of a specs file (:func:`load_specs`; ``compactrl tasks
+    prepare`` writes one): ``owner/name``, ``owner/name@version`` or an ``instance_id`` ->
+    ``python``, ``setup``, ``test_command``, ``pre_test``, ``log_parser``, ``generated_files``,
+    ``checkout`` (the instance's prepared work tree, used instead of ``repos_root``: its files,
+    modes and build outputs are what the sandbox gets), ``not_gradable`` (why a row cannot be graded
+    faithfully here)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.specs, str):  # the file `compactrl tasks prepare` wrote (its specs.json)
+            try:
+                object.__setattr__(self, "specs", load_specs(self.specs))
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"SWEBenchConfig.specs: {exc}") from None
         if not self.use_images and self.repos_root is None and not self.repo_paths:
             raise ValueError("SWEBenchConfig: expected repos_root or repo_paths (local checkouts), or use_images=True")
         if self.arch not in ("x86_64", "arm64"):
@@ -242,6 +250,30 @@ def files_at(repo_path: str, commit: str, max_bytes: int) -> tuple[dict[str, str
     return files, skipped
 
 
+def tree_files(tree: str, commit: str, max_bytes: int, where: str = "") -> tuple[dict[str, str], list[str]]:
+    """Text files of a prepared work tree as they are on disk (after the harness's ``pre_install``
+    and install steps, e.g. sphinx's ``tox.ini`` edit), its tracked paths only; also the paths left
+    out (binary, too big, links: the sandbox copies those from the tree itself). The tree must be
+    checked out at ``commit``."""
+    head = _git(tree, "rev-parse", "HEAD").decode().strip()
+    if head != _git(tree, "rev-parse", f"{commit}^{{commit}}").decode().strip():
+        raise SWEBenchError(f"{where + ': ' if where else ''}checkout: the work tree {tree} is at {head[:12]}, not at "
+                            f"base_commit {commit[:12]} (run `compactrl tasks prepare` again)")
+    files, skipped = {}, []
+    for rel in sorted({p for p in _git(tree, "ls-files", "-z").decode().split("\0") if p}):
+        full = os.path.join(tree, rel)
+        if os.path.islink(full) or not os.path.isfile(full):
+            skipped.append(rel)
+            continue
+        with open(full, "rb") as fh:
+            text = _text(fh.read(), os.path.getsize(full) <= max_bytes)
+        if text is None:
+            skipped.append(rel)
+        else:
+            files[rel] = text
+    return files, skipped
+
+
 def generated_files(repo_path: str, commit: str, patterns: Iterable[str], max_bytes: int) -> dict[str, str]:
     """Untracked files of the checkout's work tree matching ``patterns`` (globs such as
     ``astropy/_version.py``): what an install step generated, which ``git archive`` leaves out.
@@ -294,7 +326,8 @@ def _instruction(row: Mapping[str, Any]) -> str:
             "source code. Hidden tests check the fix; do not modify the existing tests.")
 
 
-SPEC_KEYS = ("python", "setup", "test_command", "log_parser", "generated_files", "checkout")
+SPEC_KEYS = ("python", "setup", "test_command", "pre_test", "log_parser", "generated_files", "checkout",
+             "not_gradable")
 """What a spec (per repository, ``repo@version`` or instance, or a row's own fields) may set."""
 
 
@@ -318,11 +351,11 @@ def _validate_spec(prefix: str, spec: Mapping[str, Any]) -> None:
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise ValueError(f"{prefix.rstrip('.: ')}: unknown field(s) {unknown}; expected some of {list(SPEC_KEYS)}")
-    for key in ("setup", "generated_files"):
+    for key in ("setup", "generated_files", "pre_test"):
         value = spec.get(key, ())
         if isinstance(value, str) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"{prefix}{key}: expected a list of strings, got {value!r}")
-    for key in ("python", "test_command", "log_parser", "checkout"):
+    for key in ("python", "test_command", "log_parser", "checkout", "not_gradable"):
         if spec.get(key) is not None and not isinstance(spec[key], str):
             raise ValueError(f"{prefix}{key}: expected a string, got {spec[key]!r}")
     if spec.get("test_command") and "{test_files}" not in spec["test_command"]:
@@ -340,7 +373,7 @@ def row_spec(row: Mapping[str, Any], config: SWEBenchConfig) -> dict[str, Any]:
     repo = row["repo"]
     merged: dict[str, Any] = {"python": config.python, "test_command": config.test_command, "log_parser": None,
                               "setup": list(config.setup) + list(config.setup_by_repo.get(repo, ())),
-                              "generated_files": [], "checkout": None}
+                              "generated_files": [], "checkout": None, "pre_test": [], "not_gradable": None}
     own = {k: row[k] for k in SPEC_KEYS if row.get(k) is not None}
     layers = [config.specs.get(repo), config.specs.get(f"{repo}@{row.get('version')}"),
               config.specs.get(row["instance_id"]), own]
@@ -352,21 +385,35 @@ def row_spec(row: Mapping[str, Any], config: SWEBenchConfig) -> dict[str, Any]:
 
 def _test_command(template: str | None, python: str, tests: list[str]) -> str:
     template = template or "{python} -m pytest -rA -p no:cacheprovider {test_files}"
-    return template.format(python=python, test_files=" ".join(shlex.quote(t) for t in tests))
+    return template.replace("{python}", python).replace("{test_files}", " ".join(shlex.quote(t) for t in tests))
 
 
-def _graded_command(python: str, test_command: str) -> str:
+def env_prefix(python: str, harness_env: bool = False) -> str:
+    """Shell that puts the row's environment first on ``PATH`` (the folder of its ``python``, as the
+    harness's ``conda activate`` does: ``tox``, ``pytest`` and the scripts the environment installed
+    are found) and, for a harness-built environment, lets pytest load the plugins installed in it
+    (as the harness runs pytest; the local sandbox turns autoload off by default)."""
+    out = ""
+    if os.path.isabs(python):
+        out += f"export PATH={shlex.quote(os.path.dirname(python))}:\"$PATH\"; "
+    if harness_env:
+        out += "unset PYTEST_DISABLE_PLUGIN_AUTOLOAD; "
+    return out
+
+
+def _graded_command(python: str, test_command: str, prefix: str = "") -> str:
     """Probe the interpreter (a verdict that says why when it cannot start), run the tests into a
     log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log. The grader
     runs isolated (``-I``: neither the work dir nor PYTHONPATH on its path), so a ``json.py`` the
-    agent writes cannot stand in for the standard library and fake the verdict."""
+    agent writes cannot stand in for the standard library and fake the verdict. ``prefix`` (the
+    environment's ``PATH``, the harness's own ``eval_commands``) runs in the tests' subshell."""
     q = shlex.quote(python)
     # the reason goes into the summary section, so the verdict's one failed "test" says it
     why = (f"ERROR [the test interpreter {python} cannot start in the sandbox: the sandbox must see it, its "
            "prefix and its shared libraries (--python sets the local sandbox's interpreter too)]")
     probe = (f"if ! __err=$({q} -c 'import sys' 2>&1); then echo \"$__err\"; "
              f"echo '{'=' * 20} short test summary info {'=' * 20}'; echo {shlex.quote(why)}; exit 3; fi")
-    return (f"{probe}; ( {test_command} ) > {GRADE_LOG} 2>&1; {q} -I {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
+    return (f"{probe}; ( {prefix}{test_command} ) > {GRADE_LOG} 2>&1; {q} -I {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
             f"__rc=$?; rm -f {GRADE_LOG}; exit $__rc")
 
 
@@ -423,12 +470,21 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         python = spec["python"] or "python"
         files, skipped, test_files = _local_files(row, config, spec, where)
         hidden.update(test_files)
-        command = _graded_command(python, _test_command(spec["test_command"], python, tests))
+        prepared = bool(spec.get("checkout"))
+        prefix = (env_prefix(python, harness_env=True) if prepared else "") + "".join(f"{c}; " for c in spec["pre_test"])
+        command = _graded_command(python, _test_command(spec["test_command"], python, tests), prefix)
         meta.update(repo_path=os.path.abspath(_checkout_of(row, config, spec)), skipped_files=skipped)
+        if prepared:  # the sandbox copies the prepared tree itself: modes, symlinks, binary and built files
+            meta["work_tree"] = os.path.abspath(spec["checkout"])
         image = None
     meta["python"] = python
+    if spec.get("not_gradable"):
+        meta["not_gradable"] = spec["not_gradable"]
+    setup = tuple(spec["setup"])
+    if meta.get("work_tree") and os.path.isabs(python):  # the agent's shell has the row's environment too
+        setup = (env_prefix(python).strip().rstrip(";"), *setup)
     check = Check(kind="script", command=command, must_pass=f2p + p2p, hidden_files=hidden, timeout_s=config.test_timeout_s)
-    return Task(id=iid, kind="code", instruction=_instruction(row), files=files, check=check, setup=tuple(spec["setup"]),
+    return Task(id=iid, kind="code", instruction=_instruction(row), files=files, check=check, setup=setup,
                 max_turns=config.max_turns, time_limit_s=config.time_limit_s, docker_image=image,
                 source="swebench", metadata=meta)
 
@@ -444,7 +500,10 @@ def _local_files(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[s
     if not is_commit(repo_path, row["base_commit"]):
         raise SWEBenchError(f"{where}: base_commit: {row['base_commit']} is not a commit of {repo_path} "
                             "(fetch the repository's full history)")
-    files, skipped = files_at(repo_path, row["base_commit"], config.max_file_bytes)
+    if spec.get("checkout"):
+        files, skipped = tree_files(repo_path, row["base_commit"], config.max_file_bytes, where)
+    else:
+        files, skipped = files_at(repo_path, row["base_commit"], config.max_file_bytes)
     try:
         if spec["generated_files"]:
             files.update(generated_files(repo_path, row["base_commit"], spec["generated_files"], config.max_file_bytes))

@@ -34,10 +34,12 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,10 +86,15 @@ class PrepareConfig:
     """The repository's path inside the sandbox, which installs are moved to."""
     pip_args: tuple[str, ...] = ()
     """Extra ``pip install`` arguments (e.g. ``--find-links /wheels --no-index`` offline)."""
-    command_timeout_s: float = 1800.0
-    """Limit of one install command."""
+    command_timeout_s: float = 3600.0
+    """Limit of one step (the venv, one install command, a row's install script), in seconds; a step
+    that passes it is killed and named in the error."""
     instance_ids: tuple[str, ...] | None = None
     """Only these rows (default: all)."""
+    resolver: str = "auto"
+    """Who installs the packages: ``uv`` (``uv pip install``, where uv supports the interpreter:
+    Python >= 3.8), ``pip`` (the venv's pip, upgraded first to the newest that supports its Python),
+    or ``auto`` (uv when it is installed, else pip)."""
 
     def __post_init__(self) -> None:
         for name in ("repos_root", "envs_root"):
@@ -99,6 +106,8 @@ class PrepareConfig:
             raise ValueError(f"PrepareConfig.workdir: expected an absolute path, got {self.workdir!r}")
         if not self.command_timeout_s > 0:
             raise ValueError(f"PrepareConfig.command_timeout_s: expected > 0, got {self.command_timeout_s!r}")
+        if self.resolver not in ("auto", "uv", "pip"):
+            raise ValueError(f"PrepareConfig.resolver: expected 'auto', 'uv' or 'pip', got {self.resolver!r}")
         if self.harness_specs is not None and not os.path.isfile(self.harness_specs):
             raise ValueError(f"PrepareConfig.harness_specs: no file {self.harness_specs!r}")
 
@@ -218,32 +227,103 @@ def _minor(version: str) -> int:
 
 
 # ===================================================================== commands
-def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, what: str) -> float:
-    """Run one install command with the venv first on ``PATH``; its seconds, or a PrepareError
-    naming ``what`` with the output's tail."""
+Progress = Callable[[str], None]
+"""Receives one-line progress messages (the CLI prints them); None: logged only."""
+HEARTBEAT_S = 15.0
+"""How often a running step reports that it is still running (with its log's last line)."""
+
+
+def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, what: str, log_path: str | None = None,
+         progress: Progress | None = None) -> float:
+    """Run one step with the venv first on ``PATH``, its output streamed to ``log_path`` (appended;
+    a temp file when None) and a progress line every :data:`HEARTBEAT_S`; its seconds, or a
+    PrepareError naming ``what``, the step's time limit and the log's tail."""
     env = {**os.environ, "PATH": f"{env_dir}/bin:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": env_dir,
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1"}
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1", "PIP_NO_INPUT": "1"}
     # pip compiles bytecode only when allowed; the sandbox's venv is read-only, so modules without
     # it compile at every import, and a DeprecationWarning of that compile fails the run under
     # ``filterwarnings = error`` (as the harness's env, which has the bytecode, never does)
     for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
+    shown = command if isinstance(command, str) else shlex.join(command)
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="compactrl-prepare-", suffix=".log")
+        os.close(fd)
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     start = time.monotonic()
-    try:
-        res = subprocess.run(command, cwd=cwd, env=env, shell=isinstance(command, str), capture_output=True,
-                             text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise PrepareError(f"{what}: timed out after {timeout_s:.0f} s") from None
-    if res.returncode != 0:
-        tail = (res.stdout + res.stderr).strip().splitlines()[-15:]
-        shown = command if isinstance(command, str) else shlex.join(command)
-        raise PrepareError(f"{what}: `{shown}` exited {res.returncode}:\n" + "\n".join(tail))
+    with open(log_path, "ab") as out:
+        out.write(f"\n$ {shown}    # {what}, in {cwd}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(command, cwd=cwd, env=env, shell=isinstance(command, str), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        beat = start
+        while proc.poll() is None:
+            now = time.monotonic()
+            if now - start > timeout_s:
+                _kill_group(proc)
+                raise PrepareError(f"{what}: `{shown}` did not finish within its step limit of {timeout_s:.0f} s "
+                                   f"(output: {log_path}):\n{_tail(log_path)}\nTry: a larger --step-timeout; for a "
+                                   "resolver that backtracks, pin the packages it wavers on (--pip-arg), or install "
+                                   "uv (faster resolver, used for Python >= 3.8 when found)")
+            if progress is not None and now - beat >= HEARTBEAT_S:
+                beat = now
+                progress(f"{what}: running {now - start:.0f} s  | {_tail(log_path, 1)[:120]}")
+            time.sleep(0.2)
+    if proc.returncode != 0:
+        raise PrepareError(f"{what}: `{shown}` exited {proc.returncode} (output: {log_path}):\n{_tail(log_path)}")
     return time.monotonic() - start
 
 
-def _pip(env_dir: str, args: Sequence[str], config: PrepareConfig, what: str) -> float:
-    return _run([f"{env_dir}/bin/python", "-m", "pip", "install", *config.pip_args, *args], env_dir, env_dir,
-                config.command_timeout_s, what)
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(line for line in text.strip().splitlines()[-lines:])
+
+
+PIP_FOR_PYTHON = {"3.5": "pip<21", "3.6": "pip<22", "3.7": "pip<24.1", "3.8": "pip<25.1"}
+"""The newest pip that still runs on each old interpreter (a venv's bundled pip may be too old to
+honour ``requires-python``: pip 18 on 3.6 picks packages that need 3.10); newer ones get the newest."""
+
+
+def _installer(env_dir: str, version: str, config: PrepareConfig, where: str, log_path: str,
+               progress: Progress | None) -> list[str]:
+    """The command prefix that installs packages into the venv: ``uv pip install --python ...`` where
+    uv is found and supports the interpreter (>= 3.8), else the venv's pip, first upgraded to the
+    newest release that supports its Python (:data:`PIP_FOR_PYTHON`)."""
+    python = os.path.join(env_dir, "bin", "python")
+    uv = _find_uv() if config.resolver in ("auto", "uv") else None
+    if config.resolver == "uv" and uv is None:
+        raise PrepareError(f"{where}: resolver: uv was asked for but is not installed (pip install uv)")
+    if uv and _minor(version) >= 8:
+        return [*uv, "pip", "install", "--python", python]
+    pin = PIP_FOR_PYTHON.get(version, "pip")
+    _run([python, "-m", "pip", "install", *config.pip_args, "--upgrade", pin], env_dir, env_dir,
+         config.command_timeout_s, f"{where}: upgrade pip ({pin})", log_path, progress)
+    return [python, "-m", "pip", "install"]
+
+
+def _find_uv() -> list[str] | None:
+    found = shutil.which("uv")
+    if found:
+        return [found]
+    try:
+        from uv import find_uv_bin
+
+        return [find_uv_bin()]
+    except (ImportError, FileNotFoundError):
+        return None
 
 
 def requirements(repo_path: str, repo: str, commit: str, paths: Sequence[str], where: str) -> list[str]:
@@ -293,52 +373,117 @@ def _write_stamp(folder: str, record: Mapping[str, Any]) -> None:
 
 
 def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[str, Any], repo_path: str,
-              config: PrepareConfig, where: str) -> dict[str, Any]:
-    """The venv of the row's (repo, version), reused when stamped; its record (python, commands)."""
-    env_dir = os.path.join(os.path.abspath(config.envs_root), "envs", env_key(row["repo"], row["version"]))
+              config: PrepareConfig, where: str, progress: Progress | None = None) -> dict[str, Any]:
+    """The venv of the row's (repo, version), reused when stamped; its record (python, commands).
+    Every step's output goes to ``envs_root/logs/<owner>__<name>@<version>.log``."""
+    key = env_key(row["repo"], row["version"])
+    env_dir = os.path.join(os.path.abspath(config.envs_root), "envs", key)
     stamp = _read_stamp(env_dir)
     if stamp is not None and os.path.exists(stamp.get("python", "")):
         return {**stamp, "reused": True}
     if os.path.exists(env_dir):  # an interrupted build: start again
         shutil.rmtree(env_dir)
-    if spec.get("packages") == "environment.yml":
-        raise PrepareError(f"{where}: packages: the harness builds {row['repo']}@{row['version']} from a conda "
-                           "environment.yml, which a venv cannot reproduce; use the SWE-bench images (--swebench-images)")
+    log_path = os.path.join(os.path.abspath(config.envs_root), "logs", f"{key}.log")
     interpreter, used = choose_python(str(spec.get("python", "3")), config.strict_python, where)
     record: dict[str, Any] = {"python_requested": str(spec.get("python")), "python_version": used,
                               "base_interpreter": interpreter, "python": os.path.join(env_dir, "bin", "python"),
-                              "commands": [], "env_dir": env_dir}
+                              "commands": [], "env_dir": env_dir, "log": log_path, "skipped_packages": []}
     start = time.monotonic()
+    if progress:
+        progress(f"{where}: building the environment {key} (python {used}; log: {log_path})")
     # pip only where something installs with it (a venv without it is made in a second, offline)
     uses_pip = any(spec.get(k) for k in ("packages", "pip_packages")) or "pip" in json.dumps(
         [spec.get("pre_install"), spec.get("install")])
     _run([interpreter, "-m", "venv", *([] if uses_pip else ["--without-pip"]), env_dir], config.envs_root, env_dir,
-         config.command_timeout_s, f"{where}: venv")
-    for args in _package_installs(row, spec, harness, repo_path, env_dir, where):
-        _pip(env_dir, args, config, f"{where}: pip install")
-        record["commands"].append(shlex.join(["pip", "install", *args]))
+         config.command_timeout_s, f"{where}: venv", log_path, progress)
+    installs = _package_installs(row, spec, harness, repo_path, env_dir, where, record["skipped_packages"])
+    if installs:
+        installer = _installer(env_dir, used, config, where, log_path, progress)
+        record["installer"] = os.path.basename(installer[0]) if "uv" in os.path.basename(installer[0]) else "pip"
+        for args in installs:
+            extra = list(config.pip_args) if record["installer"] == "pip" else _uv_args(config.pip_args)
+            _run([*installer, *extra, *args], env_dir, env_dir, config.command_timeout_s,
+                 f"{where}: install {' '.join(args)[:80]}", log_path, progress)
+            record["commands"].append(shlex.join([record["installer"], "install", *args]))
     record["build_s"] = round(time.monotonic() - start, 1)
     record["built_at"] = time.time()  # which build a row's venv was copied from
     _write_stamp(env_dir, record)
+    if progress:
+        progress(f"{where}: environment {key} built in {record['build_s']:.0f} s")
     return {**record, "reused": False}
 
 
+def _uv_args(pip_args: Sequence[str]) -> list[str]:
+    """pip's ``--find-links``/``--no-index``/``--index-url`` as uv spells them (the same names)."""
+    return list(pip_args)
+
+
 def _package_installs(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[str, Any], repo_path: str,
-                      env_dir: str, where: str) -> list[list[str]]:
-    """The ``pip install`` argument lists of the spec's ``packages`` then ``pip_packages``."""
+                      env_dir: str, where: str, skipped: list[str] | None = None) -> list[list[str]]:
+    """The ``pip install`` argument lists of the spec's ``packages`` then ``pip_packages``. A conda
+    ``environment.yml`` (read at ``environment_setup_commit``) becomes its pip-installable
+    dependencies; those conda alone provides (compilers, ``python``, system libraries) are appended
+    to ``skipped``."""
     out = []
     packages = spec.get("packages") or ""
+    commit = row.get("environment_setup_commit") or row["base_commit"]
     if packages == "requirements.txt":
-        commit = row.get("environment_setup_commit") or row["base_commit"]
         lines = requirements(repo_path, row["repo"], commit, harness["reqs_paths"].get(row["repo"], []), where)
-        path = os.path.join(env_dir, "requirements.txt")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
-        out.append(["-r", path])
+        out.append(["-r", _write_lines(env_dir, "requirements.txt", lines)])
+    elif packages == "environment.yml":
+        paths = harness.get("env_yml_paths", {}).get(row["repo"], ["environment.yml"])
+        lines = environment_yml_requirements(repo_path, commit, paths, where, skipped if skipped is not None else [])
+        if lines:
+            out.append(["-r", _write_lines(env_dir, "requirements-environment-yml.txt", lines)])
     elif packages.strip():  # conda's ``name=1.2`` is pip's ``name==1.2``
-        out.append([re.sub(r"^([A-Za-z0-9_.\-\[\]]+)=(?!=)", r"\1==", p) for p in packages.split()])
+        out.append([re.sub(r"^([A-Za-z0-9_.\-\[\]]+)=(?!=)", r"\1==", p) for p in shlex.split(packages)])
     if spec.get("pip_packages"):
         out.append(list(spec["pip_packages"]))
+    return out
+
+
+def _write_lines(env_dir: str, name: str, lines: Sequence[str]) -> str:
+    path = os.path.join(env_dir, name)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+CONDA_ONLY = {"python", "pip", "compilers", "c-compiler", "cxx-compiler", "ghostscript", "graphviz", "pkg-config",
+              "qhull", "freetype", "libpng", "tk", "libgdal", "proj", "geos", "ffmpeg", "imagemagick", "texlive-core",
+              "nodejs", "pandoc", "cairo", "gtk3", "pygobject", "wxpython", "pyqt", "pyside2", "pyside6", "cartopy",
+              "sparse", "numbagg", "h5netcdf", "pint", "iris", "cfgrib", "pynio", "pseudonetcdf", "rasterio"}
+"""conda packages a venv cannot take from PyPI as they are (system libraries, GUI stacks, binaries);
+the few pure-Python ones listed (pint, sparse...) are optional test dependencies whose PyPI builds
+want newer interpreters than the environments pin: left out, recorded."""
+CONDA_TO_PIP = {"pytables": "tables", "matplotlib-base": "matplotlib", "pytorch": "torch", "msgpack-python": "msgpack"}
+
+
+def environment_yml_requirements(repo_path: str, commit: str, paths: Sequence[str], where: str,
+                                 skipped: list[str]) -> list[str]:
+    """pip requirement lines of a conda ``environment.yml``: its conda dependencies (``name=1.2``
+    as ``name==1.2``, conda-only ones in ``skipped``) and its ``pip:`` list."""
+    import yaml
+
+    for path in paths:
+        if _exists(repo_path, commit, path):
+            data = yaml.safe_load(_git(repo_path, "show", f"{commit}:{path}").decode()) or {}
+            break
+    else:
+        raise PrepareError(f"{where}: packages: none of {list(paths)} exists at {commit[:12]}")
+    out: list[str] = []
+    for dep in data.get("dependencies") or []:
+        if isinstance(dep, dict):
+            out += [str(p) for p in dep.get("pip") or []]
+            continue
+        dep = str(dep).split("::")[-1].strip()
+        name = re.split(r"[=<>! ]", dep, maxsplit=1)[0].lower()
+        if name in CONDA_ONLY:
+            skipped.append(dep)
+            continue
+        rest = dep[len(name):].strip()
+        rest = re.sub(r"^=(?!=)", "==", rest)
+        out.append(CONDA_TO_PIP.get(name, name) + rest)
     return out
 
 
@@ -349,17 +494,21 @@ def checkout(repo_path: str, commit: str, dest: str, where: str) -> None:
         shutil.rmtree(dest)
         _git(repo_path, "worktree", "prune")
     try:
-        _git(repo_path, "worktree", "add", "--detach", "--force", dest, commit)
+        # twice --force: a worktree registered by a prepare that was killed is "missing but locked"
+        _git(repo_path, "worktree", "add", "--detach", "--force", "--force", dest, commit)
     except SWEBenchError as exc:
         raise PrepareError(f"{where}: base_commit: {exc}") from None
 
 
 def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any], repo_path: str,
-                     config: PrepareConfig, where: str) -> dict[str, Any]:
+                     config: PrepareConfig, where: str, progress: Progress | None = None) -> dict[str, Any]:
     """The row's work tree at ``base_commit`` and its own copy of the environment with the spec's
-    install step run (as the harness's instance image: an install may move dependencies, e.g.
-    pylint's astroid range differs between commits of one version), moved to the sandbox's work
-    dir; reused when stamped at the same commit on the same environment build."""
+    ``pre_install`` and ``install`` run as the harness's setup script runs them (one bash script,
+    ``set -euxo pipefail``, in the work tree, the environment first on ``PATH``; system package
+    manager lines left out and recorded), so the tree holds what they edit and build (an install
+    may also move dependencies, e.g. pylint's astroid range differs between commits of one
+    version); the install's paths moved to the sandbox's work dir. Reused when stamped at the same
+    commit on the same environment build. Output: ``envs_root/logs/<instance_id>.log``."""
     root = os.path.abspath(config.envs_root)
     dest, venv = os.path.join(root, "checkouts", row["instance_id"]), os.path.join(root, "envs", row["instance_id"])
     stamp = _read_stamp(dest)
@@ -367,16 +516,22 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
             and stamp.get("env_built_at") == env.get("built_at")):
         return {**stamp, "reused": True}
     start = time.monotonic()
+    log_path = os.path.join(root, "logs", f"{row['instance_id']}.log")
+    if os.path.exists(log_path):
+        os.unlink(log_path)
     checkout(repo_path, row["base_commit"], dest, where)
     copy_env(env["env_dir"], venv)
     record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
-                              "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python")}
+                              "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python"),
+                              "log": log_path}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
-        if command.strip().startswith(SKIPPED_PREFIXES):
-            record["skipped"].append(command)
-            continue
-        _run(command, dest, venv, config.command_timeout_s, f"{where}: install")
-        record["commands"].append(command)
+        (record["skipped"] if command.strip().startswith(SKIPPED_PREFIXES) else record["commands"]).append(command)
+    if record["commands"]:
+        if progress:
+            progress(f"{where}: install step (log: {log_path})")
+        script = "set -euxo pipefail\n" + "\n".join(record["commands"]) + "\n"
+        _run(["bash", "-c", script], dest, venv, config.command_timeout_s, f"{where}: pre_install/install", log_path,
+             progress)
     record["relocated"] = relocate_install(venv, dest, config.workdir)
     record["generated_files"] = generated(dest)
     record["install_s"] = round(time.monotonic() - start, 1)
@@ -462,15 +617,80 @@ def _is_text(path: str, max_bytes: int) -> bool:
 
 # ===================================================================== rows -> specs.json
 def test_command(test_cmd: str | Sequence[str] | None) -> str | None:
-    """The loader's template for the harness's ``test_cmd``: ``pytest ARGS`` runs as
-    ``{python} -m pytest ARGS -p no:cacheprovider {test_files}``; other runners get the files
-    appended; the last of a list is the test command (None: the loader's default)."""
+    """The loader's template for the harness's ``test_cmd``: the command itself, the test
+    directives appended as the harness appends them (``tox --current-env -epy39 -v --``,
+    ``./tests/runtests.py ...``, ``bin/test -C --verbose``, ``pytest -rA``); it runs with the row's
+    environment first on ``PATH``. The last of a list is the test command (None: the loader's default)."""
     if not test_cmd:
         return None
     cmd = test_cmd if isinstance(test_cmd, str) else list(test_cmd)[-1]
-    if cmd.split()[0] == "pytest":
-        return "{python} -m pytest " + " ".join(cmd.split()[1:] + ["-p", "no:cacheprovider", "{test_files}"])
     return cmd + " {test_files}"
+
+
+def pre_test(eval_commands: Sequence[str] | None, locales: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """(commands the sandbox runs before the tests, notes): the harness's ``eval_commands`` that
+    set the test's environment (``export NAME=...``); commands on the system (``locale-gen``, edits
+    of ``/etc``) are left out and noted, and a locale this machine lacks (``en_US.UTF-8``) is
+    replaced by ``C.UTF-8``, noted."""
+    have = {x.lower().replace("-", "") for x in (locales if locales is not None else _locales())}
+    kept, notes = [], []
+    for command in eval_commands or ():
+        if not re.match(r"^export [A-Za-z_][A-Za-z0-9_]*=", command.strip()):
+            notes.append(f"left out (acts on the system): {command}")
+            continue
+        for loc in re.findall(r"([A-Za-z]{2}_[A-Z]{2}\.UTF-8)", command):
+            if loc.lower().replace("-", "") not in have:
+                command = command.replace(loc, "C.UTF-8")
+                notes.append(f"{loc} is not installed here: C.UTF-8 instead")
+        kept.append(command)
+    return kept, notes
+
+
+def _locales() -> list[str]:
+    try:
+        return subprocess.run(["locale", "-a"], capture_output=True, text=True, timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+COMPILED_SOURCES = (".pyx", ".pxd", ".pxi", ".c", ".cpp", ".cc", ".h", ".f", ".f90")
+
+
+def not_gradable(row: Mapping[str, Any], spec: Mapping[str, Any], skipped: Sequence[str], tree: str) -> str | None:
+    """Why the row cannot be graded here as the harness grades it, or None: a system package its
+    image installs that this machine lacks; a gold patch to compiled sources of a tree whose install
+    builds extensions (the harness runs the install step again after the patch; the sandbox's
+    environment is read-only)."""
+    for command in skipped:
+        missing = [p for p in _apt_packages(command) if not _dpkg_installed(p)]
+        if missing:
+            return (f"needs its image: {command.strip()[:160]} (not installed here: {' '.join(missing)}; "
+                    "apt-get install them on this machine, then prepare again)")
+    built = _git(tree, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", "*.so").strip(b"\0")
+    touched = [p for p in re.findall(r"^diff --git a/.* b/(.*)$", row.get("patch", ""), flags=re.MULTILINE)
+               if p.endswith(COMPILED_SOURCES)]
+    if built and touched and spec.get("install"):
+        return (f"the gold patch changes compiled sources ({', '.join(touched[:3])}); the harness runs the install "
+                f"step (`{spec['install']}`) again after the patch to rebuild them, which the read-only "
+                "environment of the sandbox cannot")
+    return None
+
+
+def _apt_packages(command: str) -> list[str]:
+    out = []
+    for part in re.split(r"&&|;|\|\|", command):
+        words = part.split()
+        if "install" in words and any(w.startswith("apt") for w in words):
+            out += [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+    return out
+
+
+def _dpkg_installed(package: str) -> bool:
+    try:
+        res = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0 and "install ok installed" in res.stdout
 
 
 def _row_where(where: str, row: Mapping[str, Any]) -> str:
@@ -502,10 +722,13 @@ def _select(located: list[tuple[str, dict[str, Any]]], ids: Sequence[str] | None
     return chosen
 
 
-def prepare(rows_path: str, config: PrepareConfig) -> PrepareReport:
+def prepare(rows_path: str, config: PrepareConfig, progress: Progress | None = None) -> PrepareReport:
     """Environments and work trees for the rows of ``rows_path`` (see the module docstring).
     A row whose environment or install fails is listed in ``failed`` with the reason; the others
-    are prepared. Bad rows or a missing harness spec source raise :class:`PrepareError`."""
+    are prepared. ``manifest.json`` and ``specs.json`` are updated after every row, so an
+    interrupted run keeps what it finished (and a rerun reuses it: stamped environments and work
+    trees are not built again). ``progress`` receives one-line messages as steps start and run.
+    Bad rows or a missing harness spec source raise :class:`PrepareError`."""
     located = _select(read_located_rows(rows_path), config.instance_ids, rows_path)
     harness = harness_specs(config.harness_python, config.harness_specs)
     os.makedirs(config.envs_root, exist_ok=True)
@@ -514,40 +737,48 @@ def prepare(rows_path: str, config: PrepareConfig) -> PrepareReport:
     named = [(_row_where(where, row), row) for where, row in located]
     checked = [(where, row, _check_row(row, where, config.repos_root)) for where, row in named]  # all, before building
     envs: dict[str, dict[str, Any] | PrepareError] = {}
-    for where, row, repo_path in checked:
+    for number, (where, row, repo_path) in enumerate(checked, start=1):
+        if progress:
+            progress(f"[{number}/{len(checked)}] {row['instance_id']}")
         try:
             spec = env_spec(harness, row["repo"], row["version"], where)
             key = env_key(row["repo"], row["version"])
             if key not in envs:
-                envs[key] = _env_or_error(row, spec, harness, repo_path, config, where)
+                envs[key] = _env_or_error(row, spec, harness, repo_path, config, where, progress)
             env = envs[key]
             if isinstance(env, PrepareError):
                 raise PrepareError(f"{where}: the environment {key} failed: {env}")
-            inst = install_instance(row, spec, env, repo_path, config, where)
+            inst = install_instance(row, spec, env, repo_path, config, where, progress)
         except PrepareError as exc:
             log.error("%s", exc)
             report.failed[row["instance_id"]] = str(exc)
+            _write_outputs(report)
             continue
         report.prepared[row["instance_id"]] = _instance_record(row, spec, env, inst)
+        _write_outputs(report)
     _write_outputs(report)
     return report
 
 
-def _env_or_error(row, spec, harness, repo_path, config, where) -> dict[str, Any] | PrepareError:
+def _env_or_error(row, spec, harness, repo_path, config, where, progress=None) -> dict[str, Any] | PrepareError:
     try:
-        return build_env(row, spec, harness, repo_path, config, where)
+        return build_env(row, spec, harness, repo_path, config, where, progress)
     except PrepareError as exc:
         return exc
 
 
 def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any],
                      inst: Mapping[str, Any]) -> dict[str, Any]:
+    kept, notes = pre_test(spec.get("eval_commands"))
     return {"repo": row["repo"], "version": row["version"], "env": env_key(row["repo"], row["version"]),
             "python": inst["python"], "python_requested": env["python_requested"],
             "python_version": env["python_version"], "python_fallback": env["python_requested"] != env["python_version"],
-            "test_command": test_command(spec.get("test_cmd")), "env_commands": env["commands"],
-            "env_build_s": env.get("build_s"), "env_reused": env["reused"], **{k: inst[k] for k in (
-                "checkout", "commands", "skipped", "relocated", "generated_files", "install_s", "reused")}}
+            "test_command": test_command(spec.get("test_cmd")), "pre_test": kept, "pre_test_notes": notes,
+            "env_commands": env["commands"], "env_skipped_packages": env.get("skipped_packages", []),
+            "env_log": env.get("log"), "env_build_s": env.get("build_s"), "env_reused": env["reused"],
+            "not_gradable": not_gradable(row, spec, inst["skipped"], inst["checkout"]),
+            **{k: inst[k] for k in ("checkout", "commands", "skipped", "relocated", "generated_files", "install_s",
+                                    "reused")}, "log": inst.get("log")}
 
 
 def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -558,6 +789,10 @@ def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[s
         if rec.get("test_command"):
             out[f"{rec['repo']}@{rec['version']}"] = {"test_command": rec["test_command"]}
         out[iid] = {"python": rec["python"], "checkout": rec["checkout"], "generated_files": list(rec["generated_files"])}
+        if rec.get("pre_test"):
+            out[iid]["pre_test"] = list(rec["pre_test"])
+        if rec.get("not_gradable"):
+            out[iid]["not_gradable"] = rec["not_gradable"]
     return out
 
 
@@ -568,6 +803,8 @@ def _write_outputs(report: PrepareReport) -> None:
     for iid in report.prepared:
         manifest["failed"].pop(iid, None)
     manifest["failed"].update(report.failed)
+    for iid in report.failed:
+        manifest["instances"].pop(iid, None)
     _write_json(report.manifest_path, manifest)
     _write_json(report.specs_path, specs_entries(manifest["instances"]))
 
