@@ -1,9 +1,16 @@
 """Tiny, randomly initialised MoE causal LMs of real architectures, built offline.
 
-``tiny_moe("glm4_moe" | "qwen3_moe" | "mixtral")`` returns a ``transformers`` model of the same
-class as the full-size checkpoints (``Glm4MoeForCausalLM``, ``Qwen3MoeForCausalLM``,
-``MixtralForCausalLM``) with the project tokenizer's vocabulary, so that every code path except
-size (routing, fused expert weights, checkpoint names, KV cache, chat template) runs on a CPU.
+``tiny_moe(arch)`` returns a ``transformers`` model of the same class as the full-size checkpoints
+with the project tokenizer's vocabulary, so that every code path except size (routing, fused expert
+weights, checkpoint names, KV cache, chat template) runs on a CPU:
+
+* ``glm4_moe`` (GLM-4.5 / 4.6 / Air), ``qwen3_moe``, ``mixtral``: grouped-query attention;
+* ``glm4_moe_lite`` (GLM-4.7-Flash): DeepSeek-style multi-head latent attention (MLA). vLLM's CPU
+  MLA kernel needs ``kv_lora_rank + qk_rope_head_dim == 576`` (DeepSeek's 512 + 64), the default here;
+* ``glm_moe_dsa`` (GLM-5 class): MLA plus DeepSeek sparse attention's lightning indexer; its
+  ``index_head_dim`` must exceed ``qk_rope_head_dim`` (the indexer splits its heads into a rotary
+  and a plain part). vLLM's CPU backend does not run it (sparse attention is GPU-only).
+
 Nothing is downloaded: the model comes from a config and a seeded random init.
 """
 
@@ -16,7 +23,9 @@ import torch
 
 from compactrl.tokenizer import ENDOFTEXT_ID, IM_END_ID
 
-ARCHS = ("glm4_moe", "qwen3_moe", "mixtral")
+ARCHS = ("glm4_moe", "qwen3_moe", "mixtral", "glm4_moe_lite", "glm_moe_dsa")
+MLA_ARCHS = ("glm4_moe_lite", "glm_moe_dsa")
+"""Architectures with multi-head latent attention (``head_dim`` and key/value heads do not apply)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,22 @@ class TinyMoEConfig:
     """Ids that end generation (``<|im_end|>``, ``<|endoftext|>``), written to the generation config."""
     initializer_range: float = 0.02
     """Std of the random normal init."""
+    kv_lora_rank: int = 512
+    """MLA only: width of the compressed key/value latent (512 + ``qk_rope_head_dim`` 64 = vLLM CPU's 576)."""
+    q_lora_rank: int | None = 64
+    """MLA only: width of the compressed query (None: a full-rank query projection)."""
+    qk_rope_head_dim: int = 64
+    """MLA only: rotary part of each query/key head."""
+    qk_nope_head_dim: int = 32
+    """MLA only: non-rotary part of each query/key head."""
+    v_head_dim: int = 32
+    """MLA only: value head width."""
+    index_head_dim: int = 128
+    """glm_moe_dsa only: head width of the sparse-attention indexer (must exceed ``qk_rope_head_dim``)."""
+    index_n_heads: int = 2
+    """glm_moe_dsa only: indexer heads."""
+    index_topk: int = 2048
+    """glm_moe_dsa only: keys each query attends to (>= the context: the tiny model attends densely)."""
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -72,8 +97,19 @@ class TinyMoEConfig:
             raise ValueError(
                 f"experts_per_token must be <= num_experts ({self.num_experts}), got {self.experts_per_token}"
             )
-        if self.arch == "glm4_moe" and self.num_experts < 2:
-            raise ValueError("glm4_moe routing scores groups by their top-2 experts: num_experts must be >= 2")
+        if self.arch in ("glm4_moe", *MLA_ARCHS) and self.num_experts < 2:
+            raise ValueError(f"{self.arch} routing scores groups by their top-2 experts: num_experts must be >= 2")
+        if self.arch in MLA_ARCHS:
+            for name in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+                if getattr(self, name) < 1:
+                    raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            if self.qk_rope_head_dim % 2:
+                raise ValueError(f"qk_rope_head_dim must be even (rotary pairs), got {self.qk_rope_head_dim}")
+            if self.q_lora_rank is not None and self.q_lora_rank < 1:
+                raise ValueError(f"q_lora_rank must be >= 1 or None, got {self.q_lora_rank}")
+        if self.arch == "glm_moe_dsa" and self.index_head_dim <= self.qk_rope_head_dim:
+            raise ValueError(f"index_head_dim must exceed qk_rope_head_dim ({self.qk_rope_head_dim}), "
+                             f"got {self.index_head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -94,6 +130,9 @@ def _project_vocab_size() -> int:
 def build_config(cfg: TinyMoEConfig):
     """The ``transformers`` config for ``cfg`` (pure: no weights are made)."""
     from transformers import Glm4MoeConfig, MixtralConfig, Qwen3MoeConfig
+
+    if cfg.arch in MLA_ARCHS:
+        return _mla_config(cfg)
 
     vocab = cfg.vocab_size if cfg.vocab_size is not None else _project_vocab_size()
     common: dict[str, Any] = dict(
@@ -138,6 +177,36 @@ def build_config(cfg: TinyMoEConfig):
         sliding_window=None,
         router_jitter_noise=0.0,
     )
+
+
+def _mla_config(cfg: TinyMoEConfig):
+    """GLM-4.7-Flash (``glm4_moe_lite``) or GLM-5-class (``glm_moe_dsa``) config: MLA attention."""
+    from transformers import Glm4MoeLiteConfig, GlmMoeDsaConfig
+
+    n_dense = min(cfg.first_k_dense, cfg.num_layers)
+    common: dict[str, Any] = dict(
+        vocab_size=cfg.vocab_size if cfg.vocab_size is not None else _project_vocab_size(),
+        hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
+        n_routed_experts=cfg.num_experts, n_shared_experts=cfg.n_shared_experts,
+        num_experts_per_tok=cfg.experts_per_token, n_group=1, topk_group=1,
+        kv_lora_rank=cfg.kv_lora_rank, q_lora_rank=cfg.q_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
+        qk_nope_head_dim=cfg.qk_nope_head_dim, v_head_dim=cfg.v_head_dim,
+        mlp_layer_types=["dense"] * n_dense + ["sparse"] * (cfg.num_layers - n_dense),
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=cfg.tie_word_embeddings,
+        pad_token_id=cfg.pad_token_id, eos_token_id=list(cfg.eos_token_ids), bos_token_id=None,
+        initializer_range=cfg.initializer_range,
+    )
+    if cfg.arch == "glm4_moe_lite":
+        config = Glm4MoeLiteConfig(**common)
+        # transformers < 5.20 (vLLM's) reads the dense layers from first_k_dense_replace, newer ones
+        # from mlp_layer_types: config.json carries both, so either side builds the same model
+        config.first_k_dense_replace = n_dense
+        return config
+    return GlmMoeDsaConfig(**common, first_k_dense_replace=n_dense, index_head_dim=cfg.index_head_dim,
+                           index_n_heads=cfg.index_n_heads, index_topk=cfg.index_topk,
+                           head_dim=cfg.qk_rope_head_dim)
 
 
 def tiny_moe(
