@@ -413,7 +413,8 @@ def _graded_command(python: str, test_command: str, prefix: str = "") -> str:
            "prefix and its shared libraries (--python sets the local sandbox's interpreter too)]")
     probe = (f"if ! __err=$({q} -c 'import sys' 2>&1); then echo \"$__err\"; "
              f"echo '{'=' * 20} short test summary info {'=' * 20}'; echo {shlex.quote(why)}; exit 3; fi")
-    return (f"{probe}; ( {prefix}{test_command} ) > {GRADE_LOG} 2>&1; {q} -I {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG}; "
+    return (f"{probe}; ( {prefix}{test_command} ) > {GRADE_LOG} 2>&1; __trc=$?; "
+            f"{q} -I {GRADER_FILE} {GRADE_SPEC} {GRADE_LOG} $__trc; "
             f"__rc=$?; rm -f {GRADE_LOG}; exit $__rc")
 
 

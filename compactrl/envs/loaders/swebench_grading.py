@@ -235,12 +235,18 @@ def _resolve_case(case, status_map):
     return None
 
 
-def grade(status_map, fail_to_pass, pass_to_pass):
+def grade(status_map, fail_to_pass, pass_to_pass, exit_code=None):
     """The harness's verdict: ``resolved`` and, per required id, passed / ``missing`` / ``failing``.
 
     FAIL_TO_PASS passes as PASSED or XFAIL; PASS_TO_PASS also as SKIPPED. A required id the log
     does not hold is missing; one with another status (FAILED, ERROR, a skipped FAIL_TO_PASS) fails.
+    As the harness cross-checks the log against the test command's exit status: a command that
+    exited non-zero while its log reports no FAILED or ERROR test is not a run the log describes
+    (e.g. a patch printing its own PASSED lines), so nothing is resolved (``invalid`` says why).
     """
+    if exit_code not in (None, 0) and status_map and not any(v in ("FAILED", "ERROR") for v in status_map.values()):
+        return {"resolved": False, "passed": [], "missing": [], "failing": list(fail_to_pass) + list(pass_to_pass),
+                "invalid": "the test command exited %s while its log reports no failing test" % exit_code}
     passed, missing, failing = [], [], []
     for tests, ok in ((fail_to_pass, ("PASSED", "XFAIL")), (pass_to_pass, ("PASSED", "XFAIL", "SKIPPED"))):
         for case in tests:
@@ -260,6 +266,8 @@ def verdict_text(verdict):
     lines += ["PASSED %s" % t for t in verdict["passed"]]
     lines += ["FAILED %s" % t for t in verdict["failing"] + verdict["missing"]]
     lines.append("=" * 20 + " SWE-bench verdict: %s " % ("resolved" if verdict["resolved"] else "not resolved") + "=" * 20)
+    if verdict.get("invalid"):
+        lines.append("invalid run: %s" % verdict["invalid"])
     lines.append("required tests: %d passed, %d failing, %d missing" % (
         len(verdict["passed"]), len(verdict["failing"]), len(verdict["missing"])))
     lines += ["failing: %s" % t for t in verdict["failing"]]
@@ -268,13 +276,17 @@ def verdict_text(verdict):
 
 
 def main(argv):
-    """``SPEC LOG``: SPEC is JSON with ``repo``, ``log_parser``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``."""
+    """``SPEC LOG [EXIT_CODE]``: SPEC is JSON with ``repo``, ``log_parser``, ``FAIL_TO_PASS``,
+    ``PASS_TO_PASS``; EXIT_CODE the test command's exit status."""
     with open(argv[0]) as fh:
         spec = json.load(fh)
     with open(argv[1], "rb") as fh:
         log = fh.read().decode("utf-8", "replace")
-    verdict = grade(parse_log(spec["repo"], log, spec.get("log_parser")), spec["FAIL_TO_PASS"], spec["PASS_TO_PASS"])
-    sys.stdout.write(log.rstrip("\n") + "\n" + verdict_text(verdict) + "\n")
+    exit_code = int(argv[2]) if len(argv) > 2 and argv[2].lstrip("-").isdigit() else None
+    verdict = grade(parse_log(spec["repo"], log, spec.get("log_parser")), spec["FAIL_TO_PASS"], spec["PASS_TO_PASS"],
+                    exit_code)
+    status = "" if exit_code is None else "test command exit status: %d\n" % exit_code
+    sys.stdout.write(log.rstrip("\n") + "\n" + verdict_text(verdict) + "\n" + status)
     return 0 if verdict["resolved"] else 1
 
 
