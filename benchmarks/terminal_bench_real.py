@@ -5,21 +5,20 @@ docker backend (each task in its own image, built from its Dockerfile) and on th
         [--only NAME,...] [--out benchmarks/results/terminal_bench_real]
 
 The folders are not vendored (benchmark data with a canary); TASKS says where each comes from.
-``docker`` needs an engine (``DOCKER_HOST``; ``scripts/ci_docker.sh`` starts Podman's) holding
-``compactrl-sandbox:latest``. Base images that cannot be pulled here (no registry but Debian's and
-PyPI) are replaced by substitutes built offline from ``compactrl-sandbox:latest`` (Debian 12,
-Python 3.11, pytest) plus Debian's pip: SUBSTITUTES says which, and the table names the
-substitute each task ran on. A task whose base has no substitute fails with the engine's message
-naming the image. Writes ``OUT.md`` (the table) and ``OUT.json`` (every record).
+``docker`` needs an engine (``DOCKER_HOST``; ``scripts/ci_docker.sh`` starts Podman's). Base images
+the engine lacks (no registry is reachable here but Debian's and Ubuntu's mirrors, PyPI, npm and the
+Go module proxy) are replaced by their family substitutes (``compactrl.envs.sandbox.base_images``,
+built on first use, cached); the table names each base's substitute and how it differs, or why a
+base has none. ``--tasks-file`` reads the task list from a JSON list of ``{"path", "format",
+"source_repo", "commit"}`` (``benchmarks/data/terminal_bench_real.tasks.json``) instead of TASKS.
+Writes ``OUT.md`` (the table) and ``OUT.json`` (every record).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import tarfile
 import time
 
 from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
@@ -34,51 +33,9 @@ TASKS = [
         "aero-composite-delam-subvoxel-area", "android-sensor-deadtime-flux", "seismic-p-wave-onset-pick",
         "android-license-keygen", "event-loop-scheduler")],
 ]
-_SUB = "compactrl-tb-substitute"
-# substitute image -> its Dockerfile (built from the default sandbox image; apt reaches Debian's mirror)
-# The host's CA bundle goes in too: where the host reaches PyPI through a proxy with its own CA, a
-# `pip install` in a task's Dockerfile then trusts what the host's pip trusts.
-SUBSTITUTE_DOCKERFILES = {
-    f"{_SUB}/python:3-slim": (
-        "FROM compactrl-sandbox:latest\n"
-        "ENV DEBIAN_FRONTEND=noninteractive PIP_BREAK_SYSTEM_PACKAGES=1\n"
-        "RUN apt-get update && apt-get install -y --no-install-recommends python3-pip python3-venv"
-        " ca-certificates curl && rm -rf /var/lib/apt/lists/*\n"
-        "COPY host-ca-bundle.crt /etc/ssl/certs/ca-certificates.crt\n"
-        "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt\n"),
-}
-SUBSTITUTE_DOCKERFILES[f"{_SUB}/t-bench-python:3-13"] = SUBSTITUTE_DOCKERFILES[f"{_SUB}/python:3-slim"] + \
-    "WORKDIR /app\n"  # Terminal-Bench's base images set WORKDIR /app
-SUBSTITUTE_DOCKERFILES[f"{_SUB}/gcc:bookworm"] = SUBSTITUTE_DOCKERFILES[f"{_SUB}/python:3-slim"] + (
-    "RUN apt-get update && apt-get install -y --no-install-recommends build-essential && rm -rf /var/lib/apt/lists/*\n")
-HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-SUBSTITUTES = {
-    "ghcr.io/laude-institute/t-bench/python-3-13:20250620": f"{_SUB}/t-bench-python:3-13",
-    "python:3.12-slim": f"{_SUB}/python:3-slim",
-    "python:3.13-slim": f"{_SUB}/python:3-slim",
-    "gcc:13.3.0-bookworm": f"{_SUB}/gcc:bookworm",  # Debian 12's gcc 12 for gcc 13.3
-}
-
-
-def build_substitutes(client) -> None:
-    for tag, dockerfile in SUBSTITUTE_DOCKERFILES.items():
-        try:
-            client.images.get(tag)
-            continue
-        except Exception:
-            pass
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(HOST_CA_BUNDLE, arcname="host-ca-bundle.crt")
-            info = tarfile.TarInfo("Dockerfile")
-            info.size = len(dockerfile.encode())
-            tar.addfile(info, io.BytesIO(dockerfile.encode()))
-        started = time.monotonic()
-        client.images.build(fileobj=io.BytesIO(buf.getvalue()), custom_context=True, tag=tag, rm=True, pull=False)
-        print(f"built substitute {tag} in {time.monotonic() - started:.1f} s", flush=True)
-
-
 def _base(task) -> str:
+    """Each base and the family substitute the docker backend builds for it (base_images.py)."""
+    from compactrl.envs.sandbox import base_images
     from compactrl.envs.sandbox.docker import dockerfile_bases
 
     build = task.metadata.get("image_build")
@@ -86,7 +43,14 @@ def _base(task) -> str:
         return "-"
     with open(build["dockerfile"]) as fh:
         bases = [b for _, b in dockerfile_bases(fh.read())]
-    return ", ".join(f"{b} -> {SUBSTITUTES[b]}" if b in SUBSTITUTES else b for b in bases)
+    out = []
+    for b in bases:
+        try:
+            recipe = base_images.recipe_for(b)
+            out.append(f"{b} -> {recipe.family} substitute" + "".join(f" ({n})" for n in recipe.notes))
+        except base_images.NoSubstitute as e:
+            out.append(f"{b} (no substitute: {e})")
+    return ", ".join(out)
 
 
 def _episode(task, policy, backend: str, kwargs: dict) -> dict:
@@ -100,7 +64,7 @@ def run_docker(task, client) -> dict:
     from compactrl.envs.sandbox.base import SandboxError
     from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image
 
-    kwargs = {"base_images": SUBSTITUTES}
+    kwargs: dict = {}  # bases the engine lacks: their family substitutes (base_families=True)
     out: dict = {"base": _base(task)}
     started = time.monotonic()
     try:
@@ -155,6 +119,8 @@ def main() -> None:
     parser.add_argument("--tasks-root", required=True, help="folder holding the TASKS folders")
     parser.add_argument("--backends", default="docker,local")
     parser.add_argument("--only", default="", help="comma-separated task folders (default: all of TASKS)")
+    parser.add_argument("--tasks-file", default="", help="JSON list of {path, format, source_repo, commit} "
+                        "(benchmarks/data/terminal_bench_real.tasks.json) instead of TASKS")
     parser.add_argument("--out", default="benchmarks/results/terminal_bench_real")
     args = parser.parse_args()
     backends = args.backends.split(",")
@@ -163,9 +129,12 @@ def main() -> None:
         import docker
 
         client = docker.from_env(timeout=1800)
-        build_substitutes(client)
+    tasks = TASKS
+    if args.tasks_file:
+        with open(args.tasks_file) as fh:
+            tasks = [(e["path"], f"{e['source_repo']}@{e['commit'][:8]} ({e['format']})") for e in json.load(fh)]
     rows = []
-    for rel, source in TASKS:
+    for rel, source in tasks:
         if args.only and rel not in args.only.split(","):
             continue
         folder = os.path.join(args.tasks_root, rel)

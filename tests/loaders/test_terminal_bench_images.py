@@ -73,9 +73,11 @@ def test_loader_names_the_build_and_the_places_outside_the_work_dir() -> None:
     assert build == {"context": os.path.join(IMAGE_TASK, "environment"),
                      "dockerfile": os.path.join(IMAGE_TASK, "environment", "Dockerfile")}
     assert task.metadata["writable_paths"] == list(WRITABLE_PATHS) and "/tests" in WRITABLE_PATHS
-    # COPY and RUN rm honoured without the image; the copy to /opt is image-only
+    # COPY and RUN rm honoured without the image; the copy to /opt is replayed by the local backend
     assert sorted(task.files) == ["bin/shout.sh", "words.txt"]
-    assert any("/opt/reference/reference.txt" in r for r in task.metadata["image_only"])
+    steps = task.metadata["local_build"]["build"]["steps"]
+    assert {"op": "copy_out", "pairs": [["reference.txt", "/opt/reference/reference.txt"]]} in steps
+    assert task.metadata["image_only"] == []
     # the other solution/ files are written to /solution before solve.sh runs, as the harness puts them
     script = task.metadata["solution_sh"]
     assert script.startswith("if mkdir -p /solution") and "base64 -d > /solution/shout_all.py" in script
@@ -184,7 +186,8 @@ def test_docker_missing_base_image_is_named_at_once() -> None:
     _docker_client()
     task = load_task_dir(IMAGE_TASK)
     started = time.monotonic()
-    rec = run_task(task, GoldPolicy(), "docker", sandbox_kwargs={"base_images": {"other:1": DEFAULT_IMAGE}})
+    rec = run_task(task, GoldPolicy(), "docker",
+                   sandbox_kwargs={"base_images": {"other:1": DEFAULT_IMAGE}, "base_families": False})
     assert time.monotonic() - started < 60
     assert not rec["success"] and "base image 'python:3.13-slim'" in rec["sandbox_error"], rec
     assert "base_images" in rec["sandbox_error"] and "pull" in rec["sandbox_error"]

@@ -121,6 +121,11 @@ class DockerSandboxConfig:
     base_images: tuple[tuple[str, str], ...] = ()
     """Substitutes for base images (``FROM``) the engine lacks, as ``{"python:3.13-slim":
     "my-local-python:3.13"}`` or pairs: a build uses the substitute in their place."""
+    base_families: bool = True
+    """A base the engine lacks, not in ``base_images`` and not pulled, is replaced by its family's
+    substitute (:mod:`~compactrl.envs.sandbox.base_images`: ``python:3.12-slim`` -> Debian 12 with
+    CPython 3.12 in /usr/local, ``ubuntu:24.04`` -> an Ubuntu 24.04 root, ...), built on first use
+    and cached in the engine; a base with no substitute is named with the reason."""
     build_network: str | None = None
     """Network mode of image builds (``"host"``, ``"none"``...; None: the engine's default). The
     running container has no network whatever this is."""
@@ -271,14 +276,29 @@ def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engi
             image = client.images.get(wanted)
         except docker.errors.ImageNotFound:
             if not cfg.pull:
-                via = f" (substitute for {base!r})" if wanted != base else ""
-                on = f"the engine ({engine})" if engine else "the engine"
-                raise SandboxError(
-                    f"{where}: base image {wanted!r}{via} is not on {on}; pull it "
-                    f"(docker pull {wanted}), or map it to a local image with base_images={{{base!r}: 'IMAGE'}} "
-                    "(--sandbox-kwargs), or pass pull=True") from None
-            log.info("pulling base image %s", wanted)
-            image = client.images.pull(wanted)
+                family_note, image = "", None
+                if cfg.base_families and wanted == base:
+                    from compactrl.envs.sandbox import base_images
+
+                    try:
+                        wanted, recipe = base_images.substitute_for(client, base)
+                        image = client.images.get(wanted)
+                        log.info("%s: base %s -> family substitute %s%s", where, base, wanted,
+                                 "".join(f"; {n}" for n in recipe.notes))
+                    except base_images.NoSubstitute as e:
+                        family_note = f" (no family substitute: {e})"
+                    except (RuntimeError, OSError, docker.errors.DockerException) as e:
+                        raise SandboxError(f"{where}: building the substitute for base image {base!r} failed: {e}") from e
+                if image is None:
+                    via = f" (substitute for {base!r})" if wanted != base else ""
+                    on = f"the engine ({engine})" if engine else "the engine"
+                    raise SandboxError(
+                        f"{where}: base image {wanted!r}{via} is not on {on}{family_note}; pull it "
+                        f"(docker pull {wanted}), or map it to a local image with base_images={{{base!r}: 'IMAGE'}} "
+                        "(--sandbox-kwargs), or pass pull=True") from None
+            else:
+                log.info("pulling base image %s", wanted)
+                image = client.images.pull(wanted)
         except docker.errors.APIError as e:
             raise SandboxError(f"{where}: engine error while looking up base image {wanted!r}: {e}") from e
         ids.append(image.id)

@@ -1,0 +1,163 @@
+"""Base images mapped per family (``compactrl.envs.sandbox.base_images``): which family a published
+base belongs to, what its substitute is built from, and (docker, real Podman) a task whose Dockerfile
+starts from a base the engine lacks and ``RUN``s a generator: the family substitute is built, the
+task's image on it, and gold passes / noop fails in it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from loader_helpers import FIXTURES, docker_unavailable
+
+from compactrl.envs.loaders.terminal_bench import load_task_dir
+from compactrl.envs.sandbox import base_images as bi
+from compactrl.envs.sandbox import make_sandbox
+from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image
+from compactrl.eval import run_task
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+
+pytestmark = pytest.mark.timeout(900)
+LEDGER_TASK = os.path.join(FIXTURES, "terminal_bench_images", "generated-ledger")
+
+
+# ------------------------------------------------------------------------------ no engine needed
+@pytest.mark.parametrize("image,name,tag", [
+    ("python:3.12-slim", "python", "3.12-slim"),
+    ("public.ecr.aws/docker/library/golang:1.26.2-bookworm", "golang", "1.26.2-bookworm"),
+    ("docker.io/library/ubuntu", "ubuntu", "latest"),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest@sha256:" + "0" * 64,
+     "ghcr.io/laude-institute/t-bench/ubuntu-24-04", "latest"),
+    ("localhost:5000/team/img", "localhost:5000/team/img", "latest"),
+])
+def test_references_are_normalised(image, name, tag) -> None:
+    assert bi.parse_reference(image) == (name, tag)
+
+
+@pytest.mark.parametrize("image,family,root", [
+    # the bases of the official 1.x set and of the 2.x sets read here (benchmarks/data/...SOURCES.md)
+    ("ghcr.io/laude-institute/t-bench/python-3-13:20250620", "t-bench/python-3-13", "debian-bookworm"),
+    ("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624", "t-bench/ubuntu-24-04", "ubuntu-noble"),
+    ("python:3.9-slim-bookworm", "python", "debian-bookworm"),
+    ("python:3.12.7-slim-bookworm", "python", "debian-bookworm"),
+    ("ubuntu:24.04", "ubuntu", "ubuntu-noble"),
+    ("ubuntu:22.04", "ubuntu", "ubuntu-jammy"),
+    ("debian:bullseye-slim", "debian", "debian-bullseye"),
+    ("buildpack-deps:jammy", "buildpack-deps", "ubuntu-jammy"),
+    ("gcc:13.3.0-bookworm", "gcc", "debian-bookworm"),
+    ("golang:1.22.7-bookworm", "golang", "debian-bookworm"),
+    ("public.ecr.aws/docker/library/node:20.18.1-bookworm", "node", "debian-bookworm"),
+    ("eclipse-temurin:17.0.12_7-jdk-jammy", "eclipse-temurin", "ubuntu-jammy"),
+])
+def test_published_bases_map_to_their_family(image, family, root) -> None:
+    recipe = bi.recipe_for(image)
+    assert (bi.family_of(image).name, recipe.family, recipe.root) == (family, family, root)
+    text = "\n".join(recipe.steps)
+    if family == "golang":  # the tag's exact release, from the Go module proxy's toolchain module
+        assert "golang.org/toolchain/@v/v0.0.1-go1.22.7.linux-amd64.zip" in text and "GOTOOLCHAIN=local" in text
+    if family.startswith("t-bench/"):
+        assert text.endswith("WORKDIR /app") and "tmux asciinema" in text
+    if family == "gcc":
+        assert "build-essential" in text and any("GCC 12" in n for n in recipe.notes)
+
+
+def test_python_family_uses_this_machines_interpreter_or_says_it_does_not() -> None:
+    recipe = bi.recipe_for("python:3.13-slim")
+    assert recipe.python == "3.13"
+    if recipe.python_prefix:  # copied into /usr/local; only pip/setuptools/wheel of its site-packages
+        tree = [rel for _, rel in bi._python_tree(recipe.python_prefix, "3.13")]
+        assert "bin/python3.13" in tree and "lib/python3.13/os.py" in tree
+        assert not any(r.startswith("lib/python3.13/test/") for r in tree)
+        site = {r.split("/")[3] for r in tree if r.startswith("lib/python3.13/site-packages/")}
+        assert site and all(bi._KEEP_SITE.match(s) for s in site), site
+    else:
+        assert any("distribution's python3" in n for n in recipe.notes)
+    assert "python3-pip" not in "\n".join(bi.recipe_for("python:3.13").steps) or not recipe.python_prefix
+
+
+@pytest.mark.parametrize("image,reason", [
+    ("mcr.microsoft.com/dotnet/sdk:8.0.405", "Microsoft"),
+    ("alpine:latest", "apk"),
+    ("localstack/localstack:4.3", "application image"),
+    ("ghcr.io/laude-institute/t-bench/deveval:latest", "not published"),
+    ("swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "tasks prepare"),
+    ("quay.io/someone/thing:1", "no known family"),
+    ("python:2.7-slim", "no substitute for the tag"),
+])
+def test_bases_without_a_substitute_say_why(image, reason) -> None:
+    with pytest.raises(bi.NoSubstitute, match=reason):
+        bi.recipe_for(image)
+
+
+def test_every_family_is_documented() -> None:
+    names = [f.name for f in bi.FAMILIES]
+    assert len(names) == len(set(names))
+    with open(os.path.join(os.path.dirname(FIXTURES), "..", "docs", "task_formats.md")) as fh:
+        docs = fh.read()
+    section = docs[docs.index("### Base images"):]
+    for f in bi.FAMILIES:
+        assert f"`{f.name}`" in section, f.name
+
+
+def test_survey_counts_bases_per_family(tmp_path) -> None:
+    for i, text in enumerate(["FROM python:3.12-slim\n", "FROM golang:1.22 AS b\nFROM python:3.12-slim\n",
+                              "FROM quay.io/x/y:1\n"]):
+        os.makedirs(tmp_path / f"t{i}" / "environment")
+        (tmp_path / f"t{i}" / "environment" / "Dockerfile").write_text(text)
+    counts = bi.survey([str(tmp_path)])
+    assert counts["python"]["python:3.12-slim"] == 2 and counts["golang"]["golang:1.22"] == 1
+    assert counts["(none)"]["quay.io/x/y:1"] == 1
+
+
+# ------------------------------------------------------------------------------ real engine
+def _client():
+    reason = docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    if os.geteuid() != 0:
+        pytest.skip("building an OS root (debootstrap) needs root")
+    import docker
+
+    return docker.from_env(timeout=1800)
+
+
+@pytest.mark.docker
+def test_task_on_a_family_base_builds_its_generated_data_and_grades() -> None:
+    """``FROM debian:bookworm-slim`` (not on the engine, no registry): the debian family's substitute
+    is built (once; cached after), the task's Dockerfile on it RUNs the generator, and the files it
+    made are there for gold and noop alike: gold passes, noop fails."""
+    client = _client()
+    task = load_task_dir(LEDGER_TASK)
+    assert task.files == {} or "ledger" not in " ".join(task.files)  # the data is made in the image
+    build_task_image(client, task.id, task.metadata["image_build"], DockerSandboxConfig())
+    sb = make_sandbox("docker")
+    try:
+        sb.start(task)  # the image is cached: this start builds nothing
+        out = sb.exec("grep -h VERSION_CODENAME /etc/os-release; ls /app/ledger | wc -l;"
+                      " test -s /usr/local/share/ca-certificates/compactrl-host-ca.crt && echo ca-added; pwd")
+        assert out.exit_code == 0 and out.output.split() == ["VERSION_CODENAME=bookworm", "12", "ca-added", "/app"], out
+    finally:
+        sb.close()
+    gold = run_task(task, GoldPolicy(), "docker")
+    noop = run_task(task, NoopPolicy(), "docker")
+    assert gold["success"], gold
+    assert not noop["success"] and not noop.get("sandbox_error"), noop
+
+
+@pytest.mark.docker
+def test_base_families_off_names_the_missing_base_and_its_family() -> None:
+    _client()
+    task = load_task_dir(LEDGER_TASK)
+    rec = run_task(task, GoldPolicy(), "docker", sandbox_kwargs={"base_families": False})
+    assert not rec["success"] and "base image 'debian:bookworm-slim'" in rec["sandbox_error"], rec
+    text = ("FROM mcr.microsoft.com/dotnet/sdk:8.0\n")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as ctx:
+        with open(os.path.join(ctx, "Dockerfile"), "w") as fh:
+            fh.write(text)
+        from compactrl.envs.sandbox.base import SandboxError
+
+        with pytest.raises(SandboxError, match=r"no family substitute: \.NET"):
+            build_task_image(_client(), "dotnet-task", {"context": ctx, "dockerfile": os.path.join(ctx, "Dockerfile")},
+                             DockerSandboxConfig())
