@@ -57,7 +57,8 @@ class TinyMoEConfig:
     max_position_embeddings: int = 8192
     """Longest context the rotary embedding is configured for."""
     first_k_dense: int = 1
-    """glm4_moe only: how many leading layers use a dense MLP (GLM-4.5 uses dense first layers)."""
+    """glm4_moe, glm4_moe_lite, glm_moe_dsa: how many leading layers use a dense MLP (GLM-4.5 uses dense
+    first layers); at most ``num_layers - 1``, so the last layer is always an MoE layer."""
     n_shared_experts: int = 1
     """glm4_moe only: always-on shared experts."""
     tie_word_embeddings: bool = False
@@ -157,7 +158,7 @@ def build_config(cfg: TinyMoEConfig):
             moe_intermediate_size=cfg.moe_intermediate_size,
             n_routed_experts=cfg.num_experts,
             n_shared_experts=cfg.n_shared_experts,
-            first_k_dense_replace=min(cfg.first_k_dense, cfg.num_layers),
+            first_k_dense_replace=_dense_layers(cfg),
             n_group=1,
             topk_group=1,
             num_nextn_predict_layers=0,  # no multi-token-prediction layer: nothing for vLLM to skip
@@ -179,11 +180,17 @@ def build_config(cfg: TinyMoEConfig):
     )
 
 
+def _dense_layers(cfg: TinyMoEConfig) -> int:
+    """Leading dense layers: ``first_k_dense``, but the last layer is always an MoE layer (a one-layer
+    model is an MoE model; vLLM refuses a glm4_moe checkpoint without an MoE layer)."""
+    return max(0, min(cfg.first_k_dense, cfg.num_layers - 1))
+
+
 def _mla_config(cfg: TinyMoEConfig):
     """GLM-4.7-Flash (``glm4_moe_lite``) or GLM-5-class (``glm_moe_dsa``) config: MLA attention."""
     from transformers import Glm4MoeLiteConfig, GlmMoeDsaConfig
 
-    n_dense = min(cfg.first_k_dense, cfg.num_layers)
+    n_dense = _dense_layers(cfg)
     common: dict[str, Any] = dict(
         vocab_size=cfg.vocab_size if cfg.vocab_size is not None else _project_vocab_size(),
         hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,

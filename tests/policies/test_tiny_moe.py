@@ -5,7 +5,8 @@ from transformers import AutoModelForCausalLM
 
 from compactrl.policies.tiny_moe import ARCHS, TinyMoEConfig, build_config, tiny_moe
 
-CLASSES = {"glm4_moe": "Glm4MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}
+CLASSES = {"glm4_moe": "Glm4MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+           "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM"}
 
 
 @pytest.mark.timeout(60)
@@ -65,3 +66,15 @@ def test_config_sizes(arch):
     assert cfg.vocab_size == 100 and cfg.num_hidden_layers == 3 and cfg.num_experts_per_tok == 3
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     assert experts == 6
+
+
+def test_one_layer_model_is_moe():
+    """The last layer is always an MoE layer (vLLM refuses a glm4_moe checkpoint without one)."""
+    for arch in ("glm4_moe", "glm4_moe_lite"):
+        model = tiny_moe(arch, vocab_size=64, num_layers=1, hidden_size=32, num_experts=2, experts_per_token=1)
+        assert any(n.endswith("experts.gate_up_proj") for n, _ in model.named_parameters()), arch
+
+
+def test_dsa_index_head_dim_must_exceed_rope_dim():
+    with pytest.raises(ValueError, match="index_head_dim"):
+        TinyMoEConfig(arch="glm_moe_dsa", index_head_dim=64, qk_rope_head_dim=64)
