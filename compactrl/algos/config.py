@@ -406,6 +406,8 @@ class EvalConfig:
 
 RolloutSource = Literal["env", "mini_swe_agent"]
 AgentConfigName = Literal["default.yaml", "mini.yaml"]
+RolloutEngine = Literal["transformers", "vllm"]
+EngineDtype = Literal["float32", "bfloat16"]
 
 
 @dataclass(frozen=True)
@@ -427,6 +429,16 @@ class RolloutConfig:
     regex; ``\\A\\s*([^\\n]+)`` makes a response's first line the command, which a tiny model can write)."""
     command_timeout_s: float = 30.0
     """Seconds each of the agent's commands may run in the sandbox."""
+    engine: RolloutEngine = "transformers"
+    """What generates the training rollouts: ``transformers`` (the learner's model, in process) or
+    ``vllm`` (a vLLM engine in its own process and environment, built by ``bash scripts/setup.sh
+    --vllm``; after every update the weights are synced to it and checked on a probe batch, see
+    docs/policies.md). Held-out evaluation always uses the learner's model."""
+    engine_dtype: EngineDtype = "float32"
+    """``vllm`` only: the engine's weights and activations (float32 agrees with the learner to ~1e-6)."""
+    engine_sync_tolerance: float = 0.0
+    """``vllm`` only: largest max |delta log p| between engine and learner on the probe batch after a
+    sync before the run stops (0: by dtype, 1e-3 for float32, 0.5 for bfloat16)."""
 
     def __post_init__(self) -> None:
         _check(self.source in _choices(RolloutSource), "rollout.source", "|".join(_choices(RolloutSource)),
@@ -434,6 +446,12 @@ class RolloutConfig:
         _check(self.agent_config in _choices(AgentConfigName), "rollout.agent_config",
                "|".join(_choices(AgentConfigName)), self.agent_config)
         _check(self.command_timeout_s > 0, "rollout.command_timeout_s", "> 0", self.command_timeout_s)
+        _check(self.engine in _choices(RolloutEngine), "rollout.engine", "|".join(_choices(RolloutEngine)),
+               self.engine)
+        _check(self.engine_dtype in _choices(EngineDtype), "rollout.engine_dtype", "|".join(_choices(EngineDtype)),
+               self.engine_dtype)
+        _check(self.engine_sync_tolerance >= 0, "rollout.engine_sync_tolerance", ">= 0 (0: by dtype)",
+               self.engine_sync_tolerance)
         try:
             re.compile(self.action_regex)
         except re.error as exc:

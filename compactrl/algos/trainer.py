@@ -105,6 +105,12 @@ class SummaryRouter:
     def __init__(self, policy, summarizer) -> None:
         self.policy, self.summarizer = policy, summarizer
 
+    def update_weights(self, model, **kwargs) -> None:
+        """A policy that generates elsewhere (the vLLM engine) gets the new weights; the summariser stays."""
+        hook = getattr(self.policy, "update_weights", None)
+        if callable(hook):
+            hook(model, **kwargs)
+
     def act(self, requests):
         out: list[Any] = [None] * len(requests)
         for pol, want in ((self.summarizer, True), (self.policy, False)):
@@ -172,6 +178,8 @@ class Run:
     rollout_policy: Any = None
     collector: TraceCollector | None = None
     eval_bar: Any = None
+    engine: Any = None
+    """``rollout.engine=vllm``: the :class:`~compactrl.policies.vllm_policy.VLLMPolicy` generating rollouts."""
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
@@ -218,6 +226,8 @@ class Run:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
+        if self.engine is not None:  # the engine started from the pre-restore weights: bring it to the checkpoint's
+            self.engine.update_weights(self.policy.model, version=state["iteration"])
         self.updater.load_state_dict(state["updater"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
@@ -260,6 +270,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     t_start = time.perf_counter()
     cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations)
     r = setup(cfg, run, progress, t_start)
+    try:
+        return _train(r, cfg, run, state, progress)
+    finally:
+        if r.engine is not None:  # also when the run stops with an error: no engine process outlives it
+            r.engine.close()
+
+
+def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, progress: Any) -> TrainResult:
     plan = schedule(cfg)
     if state is None:
         row0: dict[str, Any] = {"iteration": 0}
@@ -267,6 +285,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
             row0.update(sft_phase(r))
             r.policy.save_pretrained(run.sft_model_path)
         start_rollouts(r)  # the critic and the frozen summariser start from the SFT policy
+        if r.engine is not None:
+            row0.update(r.engine.last_sync)
         row0.update(critic_pretrain_phase(r))
         if plan[0][1]:  # after pre-training, so row 0 scores the critic the policy updates start with
             row0.update(r.evaluate())
@@ -288,6 +308,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
         _advance(progress, bar, f"success {row.get('eval/success_rate', row.get('train/success_rate', 0.0)):.2f}")
         log.info("iteration %d: %s", it, {k: round(v, 4) for k, v in row.items() if isinstance(v, float)})
     r.collector.shutdown()
+    if r.engine is not None:
+        r.engine.close()
     r.policy.save_pretrained(run.final_model_path)  # the trained policy, in Hugging Face format
     return _finish(run, cfg, r.elapsed())
 
@@ -331,13 +353,15 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
     r.critic = build_critic(cfg, r.policy)
     r.updater = Updater(cfg.rl, r.policy, r.critic, seed=cfg.seed + 2)
     r.rollout_policy = r.policy
+    if cfg.rollout.engine == "vllm" and not cfg.distributed.num_rollout_workers:
+        r.engine = r.rollout_policy = start_engine(cfg, r.policy, r.run)
     if cfg.rl.frozen_summarizer:
         frozen, _ = build_policy(cfg, r.policy.tokenizer)
         frozen.load_state_dict(r.policy.state_dict() if state is None else state["frozen_summarizer"])
         frozen.requires_grad_(False)
-        r.rollout_policy = SummaryRouter(r.policy, frozen)
+        r.rollout_policy = SummaryRouter(r.rollout_policy, frozen)
     if cfg.rollout.source == "mini_swe_agent":
-        r.collector = agent_collector(cfg, r.policy, pad_id=r.pad_id, run=r.run)
+        r.collector = agent_collector(cfg, r.rollout_policy, pad_id=r.pad_id, run=r.run)
         return
     if cfg.distributed.num_rollout_workers:
         r.collector = ray_collector(cfg, r.policy, pad_id=r.pad_id)
@@ -347,6 +371,42 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
         episodes_per_batch=cfg.rl.episodes_per_iter, group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1,
         seed=cfg.seed + 1, pad_id=r.pad_id, give_task_to_policy=False,
     )
+
+
+def start_engine(cfg: TrainConfig, policy, run: RunDir):
+    """``rollout.engine=vllm``: a vLLM engine process serving ``policy``'s current weights (written to
+    the run's ``engine_model/``), sampling like the policy, checked against it on the probe batch."""
+    from compactrl.policies.vllm_policy import VLLMPolicy
+
+    ro = cfg.rollout
+    engine = VLLMPolicy.from_model(
+        policy.model, policy.tokenizer, run.path / "engine_model",
+        engine=dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
+                    max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192),
+        temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, top_k=policy.sampling.top_k,
+        max_new_tokens=policy.max_new_tokens, seed=cfg.seed, stop_token_ids=policy.stop_token_ids,
+        sync_tolerance=ro.engine_sync_tolerance or None)
+    try:
+        engine.last_sync = engine.check_sync(policy.model)  # version 0: the weights it was started from
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def engine_mismatch(policy, batch) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the learner's on the batch's policy tokens,
+    before the update (the train-inference mismatch): k3 estimate of KL(engine || learner) and the
+    max and mean |delta log p|."""
+    mask = batch["policy_mask"].bool()
+    if not bool(mask.any()):
+        return {}
+    with torch.no_grad():
+        learner, _ = policy.log_prob(batch["tokens"], batch["attention_mask"], select=mask)
+    log_ratio = (learner - batch["sample_log_prob"].float())[mask]
+    k3 = torch.expm1(log_ratio) - log_ratio
+    return {"mismatch/k3": float(k3.mean()), "mismatch/max_abs_dlogp": float(log_ratio.abs().max()),
+            "mismatch/mean_abs_dlogp": float(log_ratio.abs().mean()), "mismatch/tokens": float(mask.sum())}
 
 
 def ray_collector(cfg: TrainConfig, policy, *, pad_id: int):
@@ -453,11 +513,26 @@ def rl_iteration(r: Run, it: int, evaluate: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     batch = trim_padding(r.collector.next())
     t_collect = time.perf_counter() - t0
+    engine_row: dict[str, float] = {}
+    if r.engine is not None:  # every rollout of the batch came from the engine's current version
+        engine_row = {"engine/version": float(r.engine.last_version), **engine_mismatch(r.policy, batch)}
+        batch["policy_version"] = torch.full((batch.batch_size[0],), r.engine.last_version, dtype=torch.long)
+    t1 = time.perf_counter()
     r.updater.advantages(batch)
     stats = r.updater.update(batch)
-    r.collector.update_policy_weights_(r.policy)
+    t_update = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    # with the vLLM engine: sync + probe check, tagged with this iteration (a failing check raises here,
+    # before the next collection)
+    r.collector.update_policy_weights_(r.policy, **({"version": it} if r.engine is not None else {}))
+    if r.engine is not None:
+        if r.engine.version != it:
+            raise RuntimeError(f"the rollout collector did not sync the vLLM engine to version {it} "
+                               f"(it holds {r.engine.version})")
+        engine_row.update(r.engine.last_sync)
     row = {"iteration": it, **{f"train/{k}": v for k, v in r.collector.last_batch_stats.items()}, **stats,
-           "time/collect_s": t_collect, "time/iteration_s": time.perf_counter() - t0}
+           **engine_row, "time/collect_s": t_collect, "time/update_s": t_update,
+           "time/weight_sync_s": time.perf_counter() - t1, "time/iteration_s": time.perf_counter() - t0}
     if evaluate:
         row.update(r.evaluate())
     row["time/wall_clock_s"] = r.elapsed()

@@ -4,17 +4,21 @@ With ``num_engines > 0`` a :class:`~compactrl.distributed.RayCollector` starts t
 actors (:class:`InferenceEngine`) and rollout worker ``w`` generates on engine ``w mod num_engines``
 through an :class:`EngineClient`, a policy that forwards each round's requests (one batched
 ``act``) and returns the engine's responses, token ids and log-probs exact. An engine holds any
-compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` on CPUs (in process, or
-behind ``compactrl serve`` on the node's loopback: :func:`served_engine`), or a ``VLLMPolicy`` on a
-GPU (:func:`vllm_engine`). An engine gathers the calls that arrive while it
-generates and serves them together in its next generation.
+compactrl policy built by ``engine_fn(index)``: a ``TransformersPolicy`` (in process, or behind
+``compactrl serve`` on the node's loopback: :func:`served_engine`), or a ``VLLMPolicy`` whose vLLM
+engine runs in its own process and environment beside the actor, on CPUs or a GPU
+(:func:`vllm_engine`). An engine gathers the calls that arrive while it generates and serves them
+together in its next generation.
 
 Weights: the driver puts each version's state dict in the object store once and hands the
 reference to the workers; every request names the version it wants (with that reference), and an
 engine that holds another version (a new update, or a fresh engine after a restart) fetches and
 loads it before generating. A ``TransformersPolicy`` loads the state dict as it is; a ``VLLMPolicy``
-streams it to its GPU workers under per-expert checkpoint names through vLLM's ``collective_rpc``
-and the model's own ``load_weights`` (:meth:`~compactrl.policies.vllm_policy.VLLMPolicy.sync_weights`).
+streams it, bucketed, to its engine process under per-expert checkpoint names, tagged with the
+version, where vLLM's ``reload_weights`` loads it; then the engine and the state dict (rebuilt as a
+Hugging Face model from the served config) score the probe batch, and a disagreement beyond the
+bound fails the call with a ``SyncCheckError`` naming the version
+(:meth:`~compactrl.policies.vllm_policy.VLLMPolicy.update_weights`).
 Every answer carries the version the engine sampled with; the batch records, per episode, the
 oldest version any of its responses came from.
 
@@ -137,32 +141,28 @@ class InferenceEngine:
 
         if ref is not None:
             t0 = time.perf_counter()
-            load_published(self.policy, ray.get(ref))
+            load_published(self.policy, ray.get(ref), version)
             self.loads, self.load_s = self.loads + 1, self.load_s + time.perf_counter() - t0
         self.version = version
 
 
-def load_published(policy: Any, state: Mapping[str, torch.Tensor]) -> None:
-    """Load a published state dict (Hugging Face names, fused experts) into an engine's policy."""
-    from compactrl.policies.vllm_policy import VLLMPolicy  # imports vllm only when an engine is built
+def load_published(policy: Any, state: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+    """Load a published state dict (Hugging Face names, fused experts) into an engine's policy.
+
+    A ``VLLMPolicy`` gets it as a Hugging Face model rebuilt from the served model's config (what
+    its sync sends and what its probe check scores against), as weight version ``version``.
+    """
+    from compactrl.policies.vllm_policy import VLLMPolicy  # the learner side only: no vllm import here
 
     if isinstance(policy, VLLMPolicy):
-        from transformers import AutoConfig
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(policy.engine_config.model)  # the served model's (local) config
-        policy.sync_weights(_Published(state, config))
+        config = AutoConfig.from_pretrained(policy.engine_config.model, local_files_only=True)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, experts_implementation="grouped_mm")
+        model.load_state_dict(dict(state))
+        policy.update_weights(model.eval(), **({} if version is None else {"version": version}))
     else:
         policy.load_state_dict(state)
-
-
-class _Published:
-    """A state dict with its model's config: what ``sync_weights`` reads of a model (names, tied head)."""
-
-    def __init__(self, state: Mapping[str, torch.Tensor], config: Any) -> None:
-        self._state, self.config = state, config
-
-    def state_dict(self) -> Mapping[str, torch.Tensor]:
-        return self._state
 
 
 class EngineClient:
@@ -279,20 +279,25 @@ def served_engine(policy_fn: EngineFn, index: int) -> ServedEngine:
 
 
 def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] | None = None,
-                **policy_kwargs: Any) -> Policy:
-    """An ``engine_fn`` for GPU engine actors: a :class:`~compactrl.policies.vllm_policy.VLLMPolicy`
-    serving the Hugging Face model in ``model_dir`` (present on every GPU node), seeded per engine.
+                tokenizer: Any = None, **policy_kwargs: Any) -> Policy:
+    """An ``engine_fn``: a :class:`~compactrl.policies.vllm_policy.VLLMPolicy` whose vLLM engine process
+    (``.venv-vllm``, built by ``bash scripts/setup.sh --vllm`` on every node) serves the Hugging Face
+    model in ``model_dir`` (present on every node), seeded per engine.
 
-    Use it as ``RayCollector(..., engine_fn=functools.partial(vllm_engine, model_dir),
-    engine_num_gpus=1, engine_num_cpus=1)``. Written against vLLM's API (``LLM``, ``TokensPrompt``,
-    ``SamplingParams(logprobs=0)``, ``collective_rpc`` with a worker extension calling the model's
-    ``load_weights``) and not run here (no GPU, no vLLM); without vllm it raises ``ImportError``
-    saying how to install it. Tensor parallelism inside one engine actor is vLLM's own (its Ray
-    executor and placement groups) and is not wired: one GPU per engine.
+    Use it as ``RayCollector(..., engine_fn=functools.partial(vllm_engine, model_dir))`` (with
+    ``engine_num_gpus=1`` on GPU nodes). Without the engine environment it raises
+    ``FileNotFoundError`` saying how to build it. Ray's restart of a dead actor starts a new engine
+    process. Tensor parallelism inside one engine is vLLM's own and is not wired: one device per engine.
     """
-    from compactrl.policies.vllm_policy import VLLMEngineConfig, VLLMPolicy, import_vllm
+    from compactrl.policies.vllm_policy import VLLMEngineConfig, VLLMPolicy, engine_env_missing
 
-    import_vllm()  # the clear error, before any tokenizer or engine is built
+    missing = engine_env_missing((engine_kwargs or {}).get("python") or None)
+    if missing:  # the clear error, before any tokenizer or engine is built
+        raise FileNotFoundError(missing)
+    if tokenizer is None:
+        from compactrl.tokenizer import shared_tokenizer
+
+        tokenizer = shared_tokenizer()
     kw = {"seed": index, **dict(engine_kwargs or {})}
-    return VLLMPolicy(VLLMEngineConfig(model=model_dir, **kw), seed=policy_kwargs.pop("seed", 1000 * (index + 1)),
-                      **policy_kwargs)
+    return VLLMPolicy(VLLMEngineConfig(model=model_dir, **kw), tokenizer,
+                      seed=policy_kwargs.pop("seed", 1000 * (index + 1)), **policy_kwargs)

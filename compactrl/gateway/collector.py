@@ -39,7 +39,7 @@ from tensordict import TensorDict
 from compactrl.collectors.trace_collector import EpisodeStats, summarize_episodes
 from compactrl.envs.sandbox import make_sandbox
 from compactrl.gateway.app import Gateway, GatewayConfig
-from compactrl.gateway.engines import LocalEngine
+from compactrl.gateway.engines import policy_engine
 from compactrl.gateway.mini_swe import EpisodeResult, run_episode
 from compactrl.gateway.recording import Session, load_session
 from compactrl.gateway.traces import build_tree, sessions_to_batch
@@ -116,10 +116,10 @@ class AgentCollector:
         inner = self.env.unwrapped
         self.task_source, self.backend, self.sandbox_kwargs = inner.task_source, inner.backend, inner.sandbox_kwargs
         self.episode, self.episodes_per_batch, self.group_size = episode, episodes_per_batch, group_size
-        self.concurrency, self.pad_id = concurrency, pad_id
+        self.concurrency, self.pad_id, self.policy = concurrency, pad_id, policy
         config = GatewayConfig(serve=ServeConfig(port=0, model_name=MODEL_NAME), record_dir=record_dir, max_n=1,
                                default_max_tokens=episode.max_tokens)
-        self.gateway = Gateway(LocalEngine(policy, threads=threads), config).start()
+        self.gateway = Gateway(policy_engine(policy, threads=threads), config).start()
         self._closed = False
         self.load_state_dict({"seed": seed, "rng": np.random.default_rng(seed).bit_generator.state,
                               "next_episode_id": 0, "next_group_id": 0, "batches": 0, "policy_version": 0})
@@ -151,7 +151,11 @@ class AgentCollector:
                              episode_ids=[st.episode_id for st, _ in kept])
 
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
-        """The gateway serves the trained module itself: only the recorded policy version moves on."""
+        """The gateway serves the trained module itself: only the recorded policy version moves on. A
+        policy that generates elsewhere (the vLLM engine) gets the weights first (``update_weights``)."""
+        hook = getattr(self.policy, "update_weights", None)
+        if callable(hook):
+            hook(policy_or_weights, **kwargs)
         self.gateway.policy_version += 1
 
     def state_dict(self) -> dict[str, Any]:

@@ -4,7 +4,6 @@ an engine killed mid-batch, bounded waits, and the vLLM engine's weight path (wi
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import sys
 import threading
@@ -19,7 +18,6 @@ from compactrl.algos import trainer as T
 from compactrl.algos.config import override, preset
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector
-from compactrl.distributed.engines import load_published, vllm_engine
 from compactrl.policies.scripted import OraclePolicy
 
 pytestmark = pytest.mark.timeout(240)
@@ -216,43 +214,6 @@ def test_waiting_for_an_engine_is_bounded(ray_cluster):
     rc.shutdown()
     with pytest.raises(ValueError, match="num_engines"):
         RayCollector(fns, _oracle, num_workers=1, num_engines=-1, episodes_per_batch=1)
-
-
-# -- the vLLM engine's weight path, without vLLM ---------------------------------------------------------
-
-
-def test_a_vllm_engine_loads_a_published_state_dict_under_checkpoint_names(tmp_path):
-    from types import SimpleNamespace
-
-    from compactrl.policies.moe_weights import fuse_experts
-    from compactrl.policies.vllm_policy import VLLMPolicy, WeightSyncWorkerExtension
-    from compactrl.tokenizer import shared_tokenizer
-
-    cfg = _cfg(**{"model.num_layers": 2})  # the second layer has experts
-    policy, _ = T.build_policy(cfg, shared_tokenizer())
-    policy.model.config.save_pretrained(tmp_path)  # the served model's config, as on the GPU node
-    from test_vllm_policy import _CheckpointLoader, _RecordingLLM  # the stand-ins for vLLM's worker and LLM
-
-    worker = type("Worker", (WeightSyncWorkerExtension,), {})()
-    worker.model_runner = SimpleNamespace(model=_CheckpointLoader(policy.model))
-    llm = _RecordingLLM(worker)
-    engine = VLLMPolicy(str(tmp_path), shared_tokenizer(), llm=llm)
-    state = {k: v.clone() for k, v in policy.state_dict().items()}  # what the driver puts in the store
-    load_published(engine, state)
-    got = worker.model_runner.model.received
-    names = [n for n, _ in got]
-    assert any(".experts.0.gate_proj.weight" in n for n in names) and not any("gate_up_proj" in n for n in names)
-    assert llm.resets == 1
-    rebuilt = fuse_experts(got, policy.model.config.model_type)
-    expected = {k: v for k, v in state.items()
-                if not (k == "lm_head.weight" and policy.model.config.tie_word_embeddings)}
-    assert rebuilt.keys() == expected.keys() and all(torch.equal(rebuilt[k], expected[k]) for k in expected)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_a_vllm_engine_without_vllm_says_how_to_get_it(tmp_path):
-    with pytest.raises(ImportError, match=r"pip install 'compactrl\[vllm\]'"):
-        vllm_engine(str(tmp_path), 0)
 
 
 def test_engines_without_rollout_workers_are_a_config_error():
