@@ -16,12 +16,14 @@ class Check:
 
     ``kind="pytest"``: run ``command`` in the work dir; success iff every test id in ``must_pass``
     passes (read from pytest's ``-rA`` report). ``kind="script"``: run ``command`` (a checker
-    script, e.g. ``python3 .check/check.py``); success iff it exits 0.
+    script, e.g. ``python3 .check/check.py``); success iff it exits 0. ``kind="tbench"`` /
+    ``"harbor"``: Terminal-Bench 1.x / 2.x, the output read as those harnesses read it
+    (:mod:`compactrl.envs.sandbox.tb_verdict`).
     ``hidden_files`` are written just before grading and are never visible to the agent
     (SWE-bench test patches, Terminal-Bench tests).
     """
 
-    kind: Literal["pytest", "script"] = "pytest"
+    kind: Literal["pytest", "script", "tbench", "harbor"] = "pytest"
     command: str = "python -m pytest -q -rA -p no:cacheprovider"
     must_pass: tuple[str, ...] = ()
     hidden_files: dict[str, str] = field(default_factory=dict)

@@ -207,7 +207,9 @@ def _load_tasks(args: argparse.Namespace):
             swe = SWEBenchConfig(repos_root=args.repos_root, use_images=args.swebench_images,
                                  image_namespace=args.image_namespace or None, python=args.python,
                                  setup=tuple(args.setup), specs=specs)
-        tb = TerminalBenchConfig(python=args.python or "python3", image=args.image, grading=args.tb_grading)
+        # on the local backend the Dockerfiles' steps are replayed now (cached), before any episode
+        tb = TerminalBenchConfig(python=args.python or "python3", image=args.image, grading=args.tb_grading,
+                                 backend=args.backend, prepare=args.backend == "local")
         ids = [i for i in (args.instance_ids or "").split(",") if i] or None
         return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)
     except (ValueError, OSError) as exc:

@@ -100,7 +100,8 @@ def _record(position: int, task: Task, stats: EpisodeStats, builds_images: bool)
     # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback); the
     # docker backend builds a task's own image, which runs those steps itself
     built = builds_images and "image_build" in task.metadata and not task.docker_image
-    notes = [*(() if built else task.metadata.get("image_only", ())), *filter(None, [task.metadata.get("grading_note")])]
+    local = (*task.metadata.get("image_only", ()), *task.metadata.get("local_notes", ()))
+    notes = [*(() if built else local), *filter(None, [task.metadata.get("grading_note")])]
     if notes:
         record["task_notes"] = notes
     return record

@@ -13,8 +13,6 @@ from loader_helpers import FIXTURES, TB_TASK
 from compactrl.cli import main
 from compactrl.envs.loaders import load_tasks
 from compactrl.envs.loaders.terminal_bench import (
-    _TESTS_IN,
-    _TESTS_OUT,
     TESTS_DIR,
     TerminalBenchConfig,
     TerminalBenchError,
@@ -34,11 +32,11 @@ def test_folder_becomes_a_task() -> None:
     assert task.time_limit_s == 300.0 and task.check.timeout_s == 60.0
     assert sorted(task.files) == ["logs/api.log", "logs/billing.log", "logs/db.log", "logs/worker.log"]
     # run-tests.sh apart from tests/, so a tests/run-tests.sh is not overwritten
-    assert sorted(task.check.hidden_files) == [".tbench_run/run-tests.sh", f"{TESTS_DIR}/test_outputs.py"]
-    assert task.check.kind == "pytest" and task.check.must_pass == ()
-    # graded by its own run-tests.sh (it needs no network), read with pytest's -rA parser
-    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; {_TESTS_IN}'
-                                  f" bash .tbench_run/run-tests.sh; {_TESTS_OUT}")
+    assert sorted(task.check.hidden_files) == [".tbench_run/run-tests.sh", ".tbench_run/rw-run-tests.sh",
+                                               f"{TESTS_DIR}/test_outputs.py"]
+    # graded by its own run-tests.sh (it needs no network) from /tests, read with the harness's parser
+    assert task.check.kind == "tbench" and task.check.must_pass == ()
+    assert "cp .tbench_run/run-tests.sh /tests/run-tests.sh; bash /tests/run-tests.sh;" in task.check.command
     assert task.metadata["workdir"] == "/app"  # the Dockerfile's WORKDIR
     assert "grep -c ' ERROR '" in task.metadata["solution_sh"]
     assert task.metadata["terminal_bench"]["difficulty"] == "easy"
@@ -49,8 +47,7 @@ def test_options_and_folder_of_folders() -> None:
     problems: list[str] = []
     tasks = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg, problems)
     task = tasks[0]
-    assert task.check.command == (f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}"; {_TESTS_IN} py3 -m pytest'
-                                  f" -rA -p no:cacheprovider {TESTS_DIR}; {_TESTS_OUT}")
+    assert ' py3 -m pytest -rA -p no:cacheprovider "$TEST_DIR";' in task.check.command
     assert "workdir" not in task.metadata and task.docker_image == "tb:latest"
     assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == [
         "count-errors", "decode-payload", "sum-numbers"]

@@ -34,8 +34,11 @@ def test_dockerfile_effects_on_the_work_dir() -> None:
         raw = fh.read()
     assert b"\xff" in raw and file_bytes(task.files["payload/blob.bin"]) == raw  # byte-exact
     assert _roundtrip(task).files == task.files
-    [reason] = task.metadata["image_only"]
-    assert reason.startswith("RUN apt apt-get (packages, network or a service)")
+    # its apt-get install of a package this machine has is mapped; the rest is replayed locally
+    assert task.metadata["image_only"] == [] and "not_gradable" not in task.metadata
+    assert task.metadata["local_notes"] == ["apt-get install xxd: installed on this machine"]
+    assert [s["command"] for s in task.metadata["local_build"]["build"]["steps"]] == [
+        " true && true && true ", "rm -f /app/notes/answer.txt && chmod 0444 /app/payload/blob.bin"]
 
 
 def _roundtrip(task):
@@ -47,13 +50,17 @@ def _roundtrip(task):
 def test_toml_task_fields_and_reward_grading() -> None:
     task = load_task_dir(TOML_TASK)
     assert task.instruction.startswith("The CSV files under /app/data/batch/")
-    assert (task.time_limit_s, task.check.timeout_s, task.check.kind) == (120.0, 60.0, "script")
+    assert (task.time_limit_s, task.check.timeout_s, task.check.kind) == (120.0, 60.0, "harbor")
     assert sorted(task.files) == ["data/batch/a.csv", "data/batch/b.csv"] and task.metadata["workdir"] == "/app"
     assert task.metadata["terminal_bench"] == {"difficulty": "easy", "category": "data-processing", "tags": ["csv"],
                                                "author_name": "compactrl maintainers",
                                                "allow_internet": False, "version": 2}
     assert "tail -q -n +2" in task.metadata["solution_sh"]
-    script = task.check.hidden_files[".tbench_tests/test.sh"]
+    # the test script as published (it goes to /tests), and a copy pointed into the work dir for a
+    # sandbox whose root is read-only
+    with open(os.path.join(TOML_TASK, "tests", "test.sh")) as fh:
+        assert task.check.hidden_files[".tbench_tests/test.sh"] == fh.read()
+    script = task.check.hidden_files[".tbench_run/rw/test.sh"]
     assert "/logs/verifier" not in script.replace("/.tbench_logs/verifier", "")
     assert "${TBENCH_ROOT}/.tbench_tests/test_outputs.py" in script and "cd /app" in script
 
@@ -73,13 +80,16 @@ def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
     assert task.check.kind == "pytest" and "-m pytest" in task.check.command
     assert task.metadata["grading_note"].startswith("tests/test.sh installs from the network (curl)")
     forced = load_task_dir(folder, TerminalBenchConfig(grading="script"))
-    assert forced.check.kind == "script" and "bash .tbench_tests/test.sh" in forced.check.command
+    assert forced.check.kind == "harbor" and '"$TEST_DIR/test.sh" ) > "$V/test-stdout.txt"' in forced.check.command
 
 
 def test_copy_outside_the_work_dir_is_a_reason(tmp_path) -> None:
     folder = _copy_appending(tmp_path, TOML_TASK, "environment/Dockerfile", "COPY data/batch/a.csv /opt/ref/a.csv\n")
     task = load_task_dir(folder)
-    assert task.metadata["image_only"] == ["COPY to 1 path(s) outside the work dir, e.g. /opt/ref/a.csv"]
+    # the local backend replays it into its private writable /opt (no reason left)
+    assert task.metadata["image_only"] == [] and "not_gradable" not in task.metadata
+    assert task.metadata["local_build"]["build"]["steps"] == [
+        {"op": "copy_out", "pairs": [["data/batch/a.csv", "/opt/ref/a.csv"]]}]
 
 
 def test_two_run_tests_scripts_do_not_overwrite_each_other(tmp_path) -> None:
@@ -137,10 +147,10 @@ def test_eval_cli_on_a_set_reports_bad_tasks_notes_and_grading(tmp_path, capsys,
     table = capsys.readouterr().out
     skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped task: ")]
     assert len(skipped) == 5 and all("\n" not in m for m in skipped)
-    assert table.startswith("ok   decode-payload") and "notes=RUN apt apt-get" in table.splitlines()[0]
+    assert table.startswith("ok   decode-payload") and "notes=apt-get install xxd: installed" in table.splitlines()[0]
     with open(out) as fh:
         [record] = [json.loads(line) for line in fh]
-    assert record["success"] and record["task_notes"][0].startswith("RUN apt apt-get")
+    assert record["success"] and record["task_notes"][0] == "apt-get install xxd: installed on this machine"
 
 
 def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks_image() -> None:
@@ -148,8 +158,8 @@ def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks
     from compactrl.eval.tasks import _record
 
     task = load_task_dir(PAYLOAD)
-    assert task.metadata["image_only"] and "image_build" in task.metadata
-    notes = task.metadata["image_only"]
+    assert task.metadata["local_notes"] and "image_build" in task.metadata
+    notes = task.metadata["local_notes"]
     assert _record(0, task, EpisodeStats(0, 0, 0), builds_images=False)["task_notes"][:len(notes)] == list(notes)
     assert not set(notes) & set(_record(0, task, EpisodeStats(0, 0, 0), builds_images=True).get("task_notes", ()))
 
@@ -157,7 +167,11 @@ def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks
 def test_compose_services_besides_the_client_are_a_reason(tmp_path) -> None:
     extra = "  db:\n    image: postgres:16\n"
     task = load_task_dir(_copy_appending(tmp_path, PAYLOAD, "docker-compose.yaml", extra))
-    assert task.metadata["image_only"][-1] == "docker-compose services db (not started)"
+    assert task.metadata["image_only"][-1] == "needs its image: docker-compose services db (not started)"
+    assert task.metadata["local_build"] == {"error": "needs its image: docker-compose services db (not started)"}
+    local = load_task_dir(_copy_appending(tmp_path / "b", PAYLOAD, "docker-compose.yaml", extra),
+                          TerminalBenchConfig(backend="local"))
+    assert local.metadata["not_gradable"] == "needs its image: docker-compose services db (not started)"
     assert sorted(task.files) == ["notes/readme.txt", "payload/blob.bin"]  # the client's Dockerfile still read
 
 

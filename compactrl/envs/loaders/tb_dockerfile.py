@@ -37,6 +37,12 @@ class DockerfileFacts:
     """Paths ``RUN rm`` removes; the copies before it that they hit are already dropped."""
     image_only: list[str] = field(default_factory=list)
     """Steps only a built image honours, one reason each."""
+    steps: list[dict] = field(default_factory=list)
+    """The last stage's steps in build order, for the local backend to replay
+    (:mod:`~compactrl.envs.loaders.tb_local_build`): ``{"op": "workdir", "path"}``, ``{"op": "env",
+    "vars"}`` (values as written), ``{"op": "copy", "pairs": [[src, dest], ...]}``, ``{"op": "run",
+    "command", "workdir"}``, ``{"op": "other", "text"}`` (an instruction the local backend does not
+    replay: ``COPY --from``, ``ADD`` of a URL)."""
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -120,14 +126,50 @@ def read_dockerfile(path: str, context: str) -> DockerfileFacts:
         elif keyword == "WORKDIR":
             workdir = posixpath.normpath(posixpath.join(workdir, rest.strip().strip('"')))
             facts.workdir, facts.workdir_source = workdir, "WORKDIR"
+            facts.steps.append({"op": "workdir", "path": workdir})
+        elif keyword == "ENV":
+            facts.steps.append({"op": "env", "vars": _env_pairs(rest)})
         elif keyword in ("COPY", "ADD"):
+            before = len(facts.copies), len(facts.image_only)
             _copy(facts, context, rest, workdir, keyword)
+            if len(facts.image_only) > before[1]:
+                facts.steps.append({"op": "other", "text": f"{keyword} {rest[:200]}"})
+            facts.steps.append({"op": "copy", "pairs": [list(p) for p in facts.copies[before[0]:]]})
         elif keyword == "RUN":
+            facts.steps.append({"op": "run", "command": _run_text(rest), "workdir": workdir})
             _remove(facts, _rm_paths(rest, workdir))
             needs = sorted(set(_NEEDS_IMAGE.findall(rest)))
             if needs:
                 facts.image_only.append(f"RUN {' '.join(needs)} (packages, network or a service): {rest[:80]}")
     return facts
+
+
+def _env_pairs(rest: str) -> dict[str, str]:
+    """``ENV A=1 B="two words"`` or the older ``ENV NAME value with spaces``, values as written
+    (quotes removed, ``$VAR`` kept for expansion)."""
+    first = rest.split(None, 1)
+    if first and "=" not in first[0]:
+        return {first[0]: first[1].strip() if len(first) > 1 else ""}
+    try:
+        words = shlex.split(rest.replace("$", "\x00"), posix=True)  # keep "$X" literal through shlex
+    except ValueError:
+        words = rest.split()
+    out = {}
+    for word in words:
+        name, _, value = word.replace("\x00", "$").partition("=")
+        if name:
+            out[name] = value
+    return out
+
+
+def _run_text(rest: str) -> str:
+    """A RUN's shell text (the exec form ``["a", "b"]`` as a quoted command line)."""
+    if rest.startswith("["):
+        try:
+            return shlex.join(json.loads(rest))
+        except (ValueError, TypeError):
+            pass
+    return rest
 
 
 def _remove(facts: DockerfileFacts, paths: list[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 
 DEFAULT_AGENT_TIMEOUT_S = 360.0
 DEFAULT_TEST_TIMEOUT_S = 60.0
+HARBOR_VERIFIER_TIMEOUT_S = 600.0  # Harbor's VerifierConfig.timeout_sec default
 # task.yaml keys of Terminal-Bench 1.x (the harness's TaskConfig, and the older ``descriptions``).
 YAML_KEYS = {"instruction", "descriptions", "author_name", "author_email", "difficulty", "category", "tags",
              "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec", "run_tests_in_same_shell",
@@ -26,10 +28,11 @@ YAML_KEYS = {"instruction", "descriptions", "author_name", "author_email", "diff
 # task.toml tables of Terminal-Bench 2.x and their keys (None: free-form).
 TOML_KEYS: dict[str, set[str] | None] = {
     "version": set(), "source": set(), "metadata": None, "agent": {"timeout_sec"},
-    "verifier": {"timeout_sec", "env"}, "solution": {"env"},
+    "verifier": {"timeout_sec", "env", "user", "environment_mode", "environment"}, "solution": {"env"},
     "environment": {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage", "storage_mb",
                     "gpus", "gpu_types", "allow_internet", "workdir", "mcp_servers", "env"},
 }
+PARSERS = ("pytest",)  # terminal-bench's parsers that compactrl reads as the harness does
 INFO_KEYS = ("difficulty", "category", "tags", "author_name", "run_tests_in_same_shell", "parser_name")
 
 
@@ -58,7 +61,14 @@ class TaskSpec:
     services: list[str] = field(default_factory=list)
     ignored_keys: list[str] = field(default_factory=list)
     """Unknown keys that are no misspelling of a known one (ignored, as the harness ignores them)."""
-    """docker-compose services besides the agent's ``client`` (databases, servers...)."""
+    parser: str = "pytest"
+    """1.x ``parser_name`` (the harness's parser of the test output)."""
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    """2.x ``[verifier] env``: the environment the verifier script runs with."""
+    memory_mb: int | None = None
+    """2.x ``[environment] memory_mb`` (or ``memory``): the task's memory."""
+    storage_mb: int | None = None
+    """2.x ``[environment] storage_mb`` (or ``storage``)."""
 
 
 def _walk(root: str) -> list[str]:
@@ -86,6 +96,33 @@ def _seconds(where: str, key: str, value: Any, default: float) -> float:
     if number <= 0:
         raise TerminalBenchError(f"{where}: {key}: must be > 0, got {number}")
     return number
+
+
+def _env_table(where: str, key: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TerminalBenchError(f"{where}: {key}: expected a table of NAME = value, got {value!r}")
+    return {k: str(v) for k, v in value.items()}
+
+
+_SIZE = {"": 1 / (1 << 20), "b": 1 / (1 << 20), "k": 1 / 1024, "kb": 1 / 1024, "m": 1, "mb": 1, "g": 1024, "gb": 1024,
+         "t": 1 << 20, "tb": 1 << 20}
+
+
+def _size_mb(where: str, table: str, env: dict, name: str) -> int | None:
+    """``<name>_mb`` (an int) or the older ``<name>`` ("2G", "512M") of ``[environment]``, in MiB."""
+    value = env.get(f"{name}_mb")
+    if value is None and env.get(name) is not None:
+        m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", str(env[name]))
+        if not m or m.group(2).lower() not in _SIZE:
+            raise TerminalBenchError(f"{where}: {table}.{name}: expected a size such as '2G' or '512M', got {env[name]!r}")
+        return max(1, int(float(m.group(1)) * _SIZE[m.group(2).lower()]))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise TerminalBenchError(f"{where}: {table}.{name}_mb: expected a positive number of MiB, got {value!r}")
+    return int(value)
 
 
 def _tests(spec: TaskSpec) -> None:
@@ -131,8 +168,8 @@ def _read_yaml(folder: str) -> TaskSpec:
     path = os.path.join(folder, "task.yaml")
     spec = _load_yaml(path)
     ignored = _unknown(path, spec, YAML_KEYS)
-    if spec.get("parser_name", "pytest") != "pytest":
-        raise TerminalBenchError(f"{path}: parser_name: {spec['parser_name']!r} is not supported (only pytest)")
+    if spec.get("parser_name", "pytest") not in PARSERS:
+        raise TerminalBenchError(f"{path}: parser_name: {spec['parser_name']!r} is not supported (one of {PARSERS})")
     out = TaskSpec(folder=folder, version=1, instruction=_yaml_instruction(path, spec),
                    agent_timeout_s=_seconds(path, "max_agent_timeout_sec", spec.get("max_agent_timeout_sec"),
                                             DEFAULT_AGENT_TIMEOUT_S),
@@ -141,6 +178,7 @@ def _read_yaml(folder: str) -> TaskSpec:
                    info={k: spec[k] for k in INFO_KEYS if k in spec},
                    run_tests=_text(os.path.join(folder, "run-tests.sh")), solution=_yaml_solution(folder))
     out.ignored_keys = ignored
+    out.parser = spec.get("parser_name", "pytest")
     _tests(out)
     _compose(out)
     return out
@@ -228,11 +266,14 @@ def _read_toml(folder: str) -> TaskSpec:
                    agent_timeout_s=_seconds(path, "agent.timeout_sec", spec.get("agent", {}).get("timeout_sec"),
                                             DEFAULT_AGENT_TIMEOUT_S),
                    test_timeout_s=_seconds(path, "verifier.timeout_sec",
-                                           spec.get("verifier", {}).get("timeout_sec"), DEFAULT_TEST_TIMEOUT_S),
+                                           spec.get("verifier", {}).get("timeout_sec"), HARBOR_VERIFIER_TIMEOUT_S),
                    info={k: meta[k] for k in INFO_KEYS if k in meta} | {"allow_internet": env.get("allow_internet")},
                    solution=_text(os.path.join(folder, "solution", "solve.sh")),
                    workdir=env.get("workdir"), docker_image=env.get("docker_image"))
     out.ignored_keys = ignored
+    out.verifier_env = _env_table(path, "verifier.env", spec.get("verifier", {}).get("env"))
+    out.memory_mb = _size_mb(path, "environment", env, "memory")
+    out.storage_mb = _size_mb(path, "environment", env, "storage")
     _tests(out)
     out.test_sh = _text(os.path.join(folder, "tests", "test.sh"))
     if out.test_sh is None:

@@ -31,16 +31,22 @@ and what is honoured. In short:
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import os
 import re
 import shlex
+import sys
 import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 from compactrl.envs.loaders.tb_files import read_limited, task_files
+from compactrl.envs.loaders.tb_local_build import PrepareError, digest_of
+from compactrl.envs.loaders.tb_local_build import plan as plan_build
+from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
 from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, read_spec
+from compactrl.envs.sandbox.tb_verdict import REWARD_BEGIN, REWARD_END
 from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
@@ -79,13 +85,38 @@ class TerminalBenchConfig:
     """Turn limit of each task."""
     max_file_bytes: int = 2_000_000
     """Task files larger than this are left out (listed in ``metadata["skipped_files"]``)."""
+    backend: str | None = None
+    """The backend the tasks will run on, when known (``compactrl eval`` passes it): with ``"local"``,
+    a Dockerfile step the local backend cannot replay sets ``metadata["not_gradable"]`` (on ``docker``
+    the task's own image runs it). Whatever this says, the local sandbox refuses such a task."""
+    prepare: bool = False
+    """Replay the Dockerfile's steps for the local backend now (cached; pip requirements fetched
+    here), so that no episode prepares or downloads anything; a step that fails makes the task
+    not gradable. Otherwise the local sandbox prepares at a task's first episode, without downloads."""
+    local_cache: str | None = None
+    """Where prepared states are kept (default ``$COMPACTRL_TB_LOCAL_CACHE`` or ``~/.cache/compactrl/tb-local``)."""
+    file_size_bytes: int = 8 << 30
+    """Task-level file size limit on the local backend (a test may write or truncate a file past the
+    sandbox's default 256 MiB)."""
+    memory_bytes: int = 16 << 30
+    """Task-level address-space limit on the local backend (runtimes such as Node, Go and the JVM
+    reserve far more address space than they use); a 2.x ``memory_mb`` above it wins."""
+    max_processes: int = 1024
+    """Task-level process limit on the local backend."""
+    cpu_time_s: int = 3600
+    """Task-level CPU-seconds limit per process on the local backend."""
+    writable_bytes: int = 2 << 30
+    """Size of each private writable folder (``/root``, ``/opt``, ``/logs``...) on the local backend."""
 
     def __post_init__(self) -> None:
         if not self.python.strip():
             raise ValueError("TerminalBenchConfig.python: expected an interpreter name or path, got ''")
         if self.grading not in GRADINGS:
             raise ValueError(f"TerminalBenchConfig.grading: expected one of {GRADINGS}, got {self.grading!r}")
-        for name in ("max_turns", "max_file_bytes"):
+        if self.backend not in (None, "sim", "local", "docker"):
+            raise ValueError(f"TerminalBenchConfig.backend: expected None, 'local' or 'docker', got {self.backend!r}")
+        for name in ("max_turns", "max_file_bytes", "file_size_bytes", "memory_bytes", "max_processes", "cpu_time_s",
+                     "writable_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TerminalBenchConfig.{name}: expected >= 1, got {getattr(self, name)!r}")
 
@@ -100,14 +131,20 @@ def _rewrite_paths(text: str) -> str:
 
 
 def _hidden(spec: TaskSpec, limit: int) -> dict[str, str]:
+    """The tests as published under ``.tbench_tests/`` (copied to ``/tests`` for the run, as the
+    harness puts them there), and under ``.tbench_run/rw/`` the shell scripts with ``/tests`` and
+    ``/logs/verifier`` pointed into the work dir, for a sandbox where those cannot be made."""
     hidden = {}
     for rel in spec.test_files:
         text = read_limited(os.path.join(spec.folder, "tests", rel), limit)
         if text is None:
             raise TerminalBenchError(f"{spec.folder}/tests/{rel}: tests: larger than max_file_bytes")
-        hidden[f"{TESTS_DIR}/{rel}"] = _rewrite_paths(text) if rel.endswith(".sh") else text
+        hidden[f"{TESTS_DIR}/{rel}"] = text
+        if rel.endswith(".sh") and _rewrite_paths(text) != text:
+            hidden[f"{RUN_DIR}/rw/{rel}"] = _rewrite_paths(text)
     if spec.run_tests:
-        hidden[f"{RUN_DIR}/run-tests.sh"] = _rewrite_paths(spec.run_tests)
+        hidden[f"{RUN_DIR}/run-tests.sh"] = spec.run_tests
+        hidden[f"{RUN_DIR}/rw-run-tests.sh"] = _rewrite_paths(spec.run_tests)
     return hidden
 
 
@@ -124,37 +161,48 @@ def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | No
     return "script", None
 
 
-# Test files that name /tests in code (``open("/tests/data/x")``) are not rewritten: where /tests can
-# be made (a task image's writable root, the local backend's writable /tests) the tests are copied
-# there for the run and removed after it, as the harness puts them there.
-_TESTS_IN = ('__tbt=0; if { mkdir /tests || { [ -w /tests ] && [ -z "$(ls -A /tests)" ]; }; } 2>/dev/null;'
-             ' then cp -rT "$TEST_DIR" /tests 2>/dev/null && __tbt=1; fi;')
-_TESTS_OUT = '__tbrc=$?; [ $__tbt = 1 ] && rm -rf /tests/* /tests/.[!.]* 2>/dev/null; exit $__tbrc'
+# Where the tests run. As the harness does, the tests go to /tests (and a 2.x verifier writes to
+# /logs/verifier) when those can be made: a task image's writable root, the local backend's private
+# writable folders. Otherwise (a read-only root) they run from the work dir, with the shell scripts'
+# /tests and /logs/verifier rewritten to point there. TEST_DIR is where the tests are.
+_PROLOGUE = (
+    'export TBENCH_ROOT="$PWD"; __tbt=0;'
+    ' if { mkdir -p /tests /logs/verifier && [ -w /tests ] && [ -w /logs/verifier ]'
+    ' && [ -z "$(ls -A /tests)" ]; } 2>/dev/null && cp -rT "$TBENCH_ROOT/' + TESTS_DIR + '" /tests 2>/dev/null;'
+    ' then __tbt=1; export TEST_DIR=/tests; V=/logs/verifier;'
+    ' else export TEST_DIR="$TBENCH_ROOT/' + TESTS_DIR + '"; V="$TBENCH_ROOT/' + LOGS_DIR + '/verifier";'
+    ' [ -d ' + RUN_DIR + '/rw ] && cp -r ' + RUN_DIR + '/rw/. "$TEST_DIR"/; fi;'
+)
+_EPILOGUE = '__tbrc=$?; [ $__tbt = 1 ] && rm -rf /tests/* /tests/.[!.]* 2>/dev/null; exit $__tbrc'
 
 
 def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str) -> Check:
-    env = f'export TBENCH_ROOT="$PWD" TEST_DIR="$PWD/{TESTS_DIR}";'
+    python = shlex.quote(config.python)
     if mode == "pytest":
-        command = f"{env} {_TESTS_IN} {shlex.quote(config.python)} -m pytest -rA -p no:cacheprovider {TESTS_DIR}"
-        return Check(kind="pytest", command=f"{command}; {_TESTS_OUT}", hidden_files=hidden,
+        # 1.x: the harness's default run (pytest on the tests), read with its parser; 2.x: the
+        # verdict test.sh would write from pytest's exit status
+        command = f'{_PROLOGUE} {python} -m pytest -rA -p no:cacheprovider "$TEST_DIR"; {_EPILOGUE}'
+        return Check(kind="tbench" if spec.version == 1 else "pytest", command=command, hidden_files=hidden,
                      timeout_s=spec.test_timeout_s)
     if spec.version == 1:
-        return Check(kind="pytest", command=f"{env} {_TESTS_IN} bash {RUN_DIR}/run-tests.sh; {_TESTS_OUT}",
-                     hidden_files=hidden, timeout_s=spec.test_timeout_s)
-    return Check(kind="script", command=f"{_reward_command(env + ' ' + _TESTS_IN, config.python)}; {_TESTS_OUT}",
+        run = (f'if [ $__tbt = 1 ]; then cp {RUN_DIR}/run-tests.sh /tests/run-tests.sh; bash /tests/run-tests.sh;'
+               f' else bash {RUN_DIR}/rw-run-tests.sh; fi;')
+        return Check(kind="tbench", command=f"{_PROLOGUE} {run} {_EPILOGUE}", hidden_files=hidden,
+                     timeout_s=spec.test_timeout_s)
+    return Check(kind="harbor", command=f"{_PROLOGUE} {_verifier_command(spec.verifier_env)} {_EPILOGUE}",
                  hidden_files=hidden, timeout_s=spec.test_timeout_s)
 
 
-def _reward_command(env: str, python: str) -> str:
-    """2.x: run ``test.sh``, then succeed iff ``reward.txt`` (else ``reward.json``'s ``reward``) >= 1."""
-    logs = f"{LOGS_DIR}/verifier"
-    read_json = (f"{shlex.quote(python)} -c 'import json,sys; d=json.load(open(sys.argv[1]));"
-                 " print(d.get(\"reward\", min(d.values())) if isinstance(d, dict) else d)'")
-    return (f'{env} mkdir -p {logs} && rm -f {logs}/reward.txt {logs}/reward.json;'
-            f" bash {TESTS_DIR}/test.sh; cd \"$TBENCH_ROOT\";"
-            f" R=$(cat {logs}/reward.txt 2>/dev/null);"
-            f' [ -n "$R" ] || R=$({read_json} {logs}/reward.json 2>/dev/null); echo "reward: ${{R:-none}}";'
-            " awk -v r=\"$R\" 'BEGIN { exit !(r != \"\" && r + 0 >= 1) }'")
+def _verifier_command(env: dict[str, str]) -> str:
+    """2.x as Harbor runs it: stale rewards removed, ``test.sh`` made executable and run directly (its
+    shebang decides the interpreter) with ``[verifier] env``, its output to ``test-stdout.txt``; then
+    every reward file it wrote is printed for :func:`~compactrl.envs.sandbox.tb_verdict.harbor_verdict`."""
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if re.fullmatch(r"[A-Za-z_]\w*", k))
+    show = (f'for __f in reward.json reward.txt; do [ -f "$V/$__f" ] && {{ printf "\\n%s %s\\n" {REWARD_BEGIN} "$__f";'
+            f' cat "$V/$__f"; printf "\\n%s\\n" {REWARD_END}; }}; done')
+    return (f'mkdir -p "$V" && rm -f "$V/reward.txt" "$V/reward.json"; chmod +x "$TEST_DIR/test.sh";'
+            f' ( {exports}"$TEST_DIR/test.sh" ) > "$V/test-stdout.txt" 2>&1; __tbv=$?; cd "$TBENCH_ROOT";'
+            f' cat "$V/test-stdout.txt"; echo "[tests/test.sh exited $__tbv]"; {show}; (exit $__tbv);')
 
 
 def _solution_with_files(spec: TaskSpec, limit: int) -> str | None:
@@ -206,10 +254,55 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     if spec.dockerfile:  # the docker backend builds the task's own image from it (unless given one)
         meta["image_build"] = {"context": os.path.abspath(spec.context), "dockerfile": os.path.abspath(spec.dockerfile)}
     meta["writable_paths"] = list(WRITABLE_PATHS)
-    return Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
+    meta["limits"] = _limits(spec, config)
+    _local_build(spec, facts, files, config, meta)
+    task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
                 files=files, check=_check(spec, config, hidden, mode), max_turns=config.max_turns,
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
                 source="terminal-bench", metadata=meta)
+    if config.prepare and "build" in meta.get("local_build", {}):
+        task = _prepared(task, config)
+    return task
+
+
+def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
+    """The local sandbox's limits for this task (``metadata["limits"]``; each hit is named in the verdict)."""
+    memory = max(config.memory_bytes, (spec.memory_mb or 0) << 20)
+    return {"file_size_bytes": config.file_size_bytes, "memory_bytes": memory, "max_processes": config.max_processes,
+            "cpu_time_s": config.cpu_time_s, "writable_bytes": config.writable_bytes}
+
+
+def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
+    """``metadata["local_build"]``: how the local backend replays the Dockerfile (``{"build": plan}``),
+    or why it cannot (``{"error": "needs its image: <the step>"}``); nothing when there is nothing to replay."""
+    plan, why = None, None
+    if spec.dockerfile:
+        digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
+        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest)
+    services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
+    if services:
+        plan, why = None, f"needs its image: {services[0]}"
+    if not spec.dockerfile and not why:
+        return
+    # what the local backend cannot replay is now exactly the reason below (the rest is replayed or mapped)
+    meta["image_only"] = [why] if why else []
+    if why:
+        meta["local_build"] = {"error": why}
+        if config.backend == "local":
+            meta["not_gradable"] = why
+    elif plan is not None:
+        meta["local_build"] = {"build": plan.to_json()}
+        meta["env"] = plan.env
+        if plan.mapped:
+            meta["local_notes"] = plan.mapped
+
+
+def _prepared(task: Task, config: TerminalBenchConfig) -> Task:
+    try:
+        state = prepare_state(task, config.local_cache)
+    except PrepareError as e:
+        return dataclasses.replace(task, metadata={**task.metadata, "not_gradable": str(e)})
+    return dataclasses.replace(task, metadata={**task.metadata, "local_state": state})
 
 
 def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None,

@@ -7,6 +7,7 @@ import dataclasses
 from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox.base import ExecResult, TestReport
 from compactrl.envs.sandbox.pytest_report import check_success, parse_pytest_rA, split_outcomes
+from compactrl.envs.sandbox.tb_verdict import harbor_verdict, tbench_verdict
 from compactrl.envs.task import Check, Task
 from compactrl.envs.tools import normalize_path
 
@@ -69,13 +70,18 @@ def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestRep
     passed, failed = split_outcomes(parse_pytest_rA(res.output))
     success = check_success(check, res.exit_code, passed, timed_out=res.timed_out)
     output = res.output
+    if check.kind in ("tbench", "harbor"):  # Terminal-Bench: the harness's own reading of the run
+        decide = tbench_verdict if check.kind == "tbench" else harbor_verdict
+        success, why = decide(res.output, res.timed_out)
+        output = f"{output.rstrip()}\n[verdict: {'success' if success else 'failure'}: {why}]"
+    full = output
     raw = output.encode("utf-8", errors="replace")
     if len(raw) > output_limit:
         capped = _shell.CappedOutput(output_limit)
         capped.feed(raw)
         output = capped.text()
     return TestReport(passed=passed, failed=failed, output=output, success=success, exit_code=res.exit_code,
-                      timed_out=res.timed_out, log_tail=log_tail(res.output))
+                      timed_out=res.timed_out, log_tail=log_tail(full))
 
 
 def log_tail(output: str, max_lines: int = 40, max_chars: int = 4000) -> str:

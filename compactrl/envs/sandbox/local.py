@@ -21,6 +21,7 @@ marker that bash prints with the exit code when the command is done (pipes, no p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import posixpath
@@ -333,6 +334,7 @@ class LocalSandbox:
         self._workdir = self.config.workdir
         self._python = self.config.python or sys.executable
         self._rest = b""
+        self._state: str | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self, task: Task) -> None:
@@ -352,7 +354,15 @@ class LocalSandbox:
                 copy_tree(str(tree), os.path.join(self.session_dir, "work"), self._files().owner)
             for path, content in task.files.items():
                 self._files().write_bytes(work_rel(path), file_bytes(content))
+            state = self._state = self._local_state(task)
+            if state and os.path.isdir(os.path.join(state, "work")):  # a Dockerfile's replayed steps
+                copy_tree(os.path.join(state, "work"), os.path.join(self.session_dir, "work"), self._files().owner)
             self._launch()
+            if state and os.path.isfile(os.path.join(state, "roots.tar")):  # ... and what they wrote outside
+                res = self.exec(f"tar -C / --no-overwrite-dir -xf {shlex.quote(os.path.join(state, 'roots.tar'))} 2>&1",
+                                timeout_s=max(60.0, cfg.timeout_s))
+                if res.exit_code != 0:
+                    raise SandboxError(f"restoring {state}/roots.tar failed ({res.exit_code}): {res.output[-1000:]}")
             for command in task.setup:
                 res = self.exec(command, timeout_s=task.check.timeout_s)
                 if res.exit_code != 0:
@@ -376,7 +386,27 @@ class LocalSandbox:
 
     def _ro_binds(self) -> tuple[str, ...]:
         tools = host_toolchains()[0] if self.config.host_toolchains else []
-        return (*self.config.ro_binds, *tools)
+        return (*self.config.ro_binds, *tools, *((self._state,) if self._state else ()))
+
+    def _local_state(self, task: Task) -> str | None:
+        """The prepared state of a task whose Dockerfile steps the local backend replays
+        (``metadata["local_build"]``, see :mod:`compactrl.envs.loaders.tb_local_build`): given by the
+        loader (``metadata["local_state"]``) or prepared now, from the cache or by running the steps
+        (never downloading: a task that needs packages fetched must be prepared before its episode)."""
+        state = task.metadata.get("local_state")
+        if state or not task.metadata.get("local_build"):
+            return str(state) if state else None
+        from compactrl.envs.loaders.tb_local_build import PrepareError, prepare
+
+        try:
+            return prepare(task, allow_download=False)
+        except PrepareError as e:
+            raise SandboxError(f"task {task.id}: {e}") from None
+
+    def _limit(self, name: str) -> int:
+        """A resource limit: the task's own (``metadata["limits"]``) or the configured one."""
+        own = (self.task.metadata.get("limits") or {}).get(name) if self.task else None
+        return int(own) if isinstance(own, int) and own > 0 else getattr(self.config, name)
 
     def _make_session_dir(self) -> None:
         cfg = self.config
@@ -403,9 +433,14 @@ class LocalSandbox:
 
     def _env(self) -> dict[str, str]:
         _, tool_path, tool_env = host_toolchains() if self.config.host_toolchains else ([], [], {})
+        # a task's own environment (a Dockerfile's ENV), its PATH behind the wrappers'
+        own = {k: str(v).replace("__SITE__", os.path.join(self._state or "", "site"))
+               for k, v in ((self.task.metadata.get("env") or {}) if self.task else {}).items()}
+        base = own.pop("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         return {
             **tool_env,
-            "PATH": ":".join([_BIN_DIR, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *tool_path]),
+            **{k: v for k, v in own.items() if k not in ("HOME", "BASH_ENV", "ENV")},
+            "PATH": ":".join([_BIN_DIR, base, *tool_path]),
             # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
             "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
@@ -429,10 +464,10 @@ class LocalSandbox:
         self._handshake()
 
     def _limits_script(self) -> str:
-        cfg = self.config
+        lim = self._limit
         return (
-            f"ulimit -c 0 && ulimit -t {cfg.cpu_time_s} && ulimit -v {cfg.memory_bytes // 1024}"
-            f" && ulimit -u {cfg.max_processes} && ulimit -f {max(1, cfg.file_size_bytes // 1024)}"
+            f"ulimit -c 0 && ulimit -t {lim('cpu_time_s')} && ulimit -v {lim('memory_bytes') // 1024}"
+            f" && ulimit -u {lim('max_processes')} && ulimit -f {max(1, lim('file_size_bytes') // 1024)}"
         )
 
     def _handshake(self) -> None:
@@ -483,10 +518,10 @@ class LocalSandbox:
                 "--new-session"]
         for target, path in links:
             argv += ["--symlink", target, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(cfg.tmpfs_bytes),
+        argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(self._limit("tmpfs_bytes")),
                  "--tmpfs", "/tmp", "--perms", "1777", "--size", str(16 << 20), "--tmpfs", "/dev/shm"]  # as unshare's
         for path in self._writable():  # before the binds: a work dir or a bind may lie inside one
-            argv += ["--perms", "1777", "--size", str(cfg.writable_bytes), "--tmpfs", path]
+            argv += ["--perms", "1777", "--size", str(self._limit("writable_bytes")), "--tmpfs", path]
         made: set[str] = set()
         for dest in [*binds, self._workdir, _OPT_DIR]:
             # bwrap would create missing parents as 0700 root: make them traversable for the shell
@@ -517,7 +552,7 @@ class LocalSandbox:
             lines.append(f'ln -s {q(target)} "$R"{q(path)}')
         lines += [
             'mkdir -p "$R/proc" "$R/dev" "$R/tmp"', 'mount -t proc proc "$R/proc"',
-            f'mount -t tmpfs -o mode=1777,size={cfg.tmpfs_bytes} tmpfs "$R/tmp"',
+            f'mount -t tmpfs -o mode=1777,size={self._limit("tmpfs_bytes")} tmpfs "$R/tmp"',
             'mount -t tmpfs -o mode=755,size=1m dev "$R/dev"',
             'for d in null zero full random urandom tty; do touch "$R/dev/$d";'
             ' mount --bind "/dev/$d" "$R/dev/$d"; done',
@@ -526,7 +561,8 @@ class LocalSandbox:
             'mkdir -p "$R/dev/shm"; mount -t tmpfs -o mode=1777,size=16m shm "$R/dev/shm"',
         ]
         for path in self._writable():
-            lines.append(f'mkdir -p "$R"{q(path)}; mount -t tmpfs -o mode=1777,size={cfg.writable_bytes} tmpfs "$R"{q(path)}')
+            lines.append(f'mkdir -p "$R"{q(path)}; mount -t tmpfs -o mode=1777,size={self._limit("writable_bytes")} '
+                         f'tmpfs "$R"{q(path)}')
         mounts = [(p, p, True) for p in binds]
         mounts += [(os.path.join(session, "work"), self._workdir, False),
                    (os.path.join(session, "opt"), _OPT_DIR, True)]
@@ -729,7 +765,29 @@ class LocalSandbox:
             res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
             self._restore_hidden(hidden_restore_plan(self.task, before))
-        return report_from_run(check, res, self.config.output_limit_bytes)
+        report = report_from_run(check, res, self.config.output_limit_bytes)
+        hit = self.limit_hit(res)
+        if hit:
+            report = dataclasses.replace(report, limit_hit=hit, log_tail=f"{report.log_tail}\n[sandbox limit hit: {hit}]")
+        return report
+
+    def limit_hit(self, res: ExecResult) -> str | None:
+        """The sandbox resource limit a run hit, named with its value and setting, read from the
+        signal that ended it (exit 128 + SIGXFSZ/SIGXCPU) or the error the limit makes (EFBIG "File
+        too large", ENOMEM, EAGAIN on fork, ENOSPC on a private tmpfs); None when none shows."""
+        out, code = res.output, res.exit_code
+        if code == 128 + signal.SIGXFSZ or "File too large" in out or "[Errno 27]" in out:
+            return f"file size limit {_size(self._limit('file_size_bytes'))} (RLIMIT_FSIZE, file_size_bytes)"
+        if code == 128 + signal.SIGXCPU or "CPU time limit exceeded" in out:
+            return f"CPU time limit {self._limit('cpu_time_s')} s per process (RLIMIT_CPU, cpu_time_s)"
+        if any(m in out for m in _MEMORY_ERRORS):
+            return f"memory limit {_size(self._limit('memory_bytes'))} of address space (RLIMIT_AS, memory_bytes)"
+        if any(m in out for m in _PROCESS_ERRORS):
+            return f"process limit {self._limit('max_processes')} (RLIMIT_NPROC, max_processes)"
+        if "No space left on device" in out or "[Errno 28]" in out:
+            return (f"private tmpfs full: /tmp {_size(self._limit('tmpfs_bytes'))} (tmpfs_bytes), other writable "
+                    f"folders {_size(self._limit('writable_bytes'))} each (writable_bytes)")
+        return None
 
     def _install_hidden(self, hidden: dict[str, str]) -> dict[str, bytes | None]:
         """Write the hidden files; return what they replaced (None: did not exist)."""
@@ -761,6 +819,20 @@ class LocalSandbox:
                     fs.write_bytes(rel, data)
             except OSError as e:  # the tests may have removed or replaced it; nothing to restore then
                 log.debug("could not restore hidden file %s: %s", rel, e)
+
+
+_MEMORY_ERRORS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "[Errno 12]",
+                  "memory allocation of", "Could not reserve enough space", "failed to reserve")
+_PROCESS_ERRORS = ("fork: retry", "fork: Resource temporarily unavailable", "can't start new thread",
+                   "BlockingIOError: [Errno 11]", "pthread_create failed", "Resource temporarily unavailable (os error 11)",
+                   "unable to create native thread")
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
 
 
 def _rmtree(path: str) -> None:
