@@ -49,6 +49,8 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--instance-ids", default=None, help="comma-separated (default: every row)")
     p.add_argument("--skip-prepare", action="store_true", help="use the envs root's specs.json as it is")
     p.add_argument("--logs-dir", default=None, help="where each run's test log goes (default: ENVS_ROOT/run-logs)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows already in OUT's JSON and run only the others (e.g. as preparation goes on)")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -78,6 +80,17 @@ def _run(task, policy, logs_dir: str, name: str) -> dict:
             "tail": _reason(info, record)}
 
 
+def _parity(run: dict, row: dict) -> None:
+    """Both graders' verdicts on a run's saved log, into ``run``."""
+    with open(run["log"], encoding="utf-8") as fh:
+        log = fh.read().replace("\ufffd[", "\x1b[")
+    f2p, p2p = (json.loads(row[k]) if isinstance(row[k], str) else row[k] for k in ("FAIL_TO_PASS", "PASS_TO_PASS"))
+    ref = oracle(row["repo"], log, f2p, p2p, run["exit_code"], row["instance_id"], row.get("version") or "")
+    run["oracle"], run["oracle_status"] = ref["resolved"], ref["status"]
+    run["ours_on_log"] = ours(row["repo"], log, f2p, p2p, run["exit_code"])
+    run["parity"] = run["ours_on_log"] == run["oracle"] == run["resolved"]
+
+
 def _reason(info: dict, record: dict) -> str:
     if record.get("sandbox_error"):
         return record["sandbox_error"].splitlines()[0][:200]
@@ -101,15 +114,33 @@ def main() -> int:
         manifest = json.load(open(os.path.join(args.envs_root, "manifest.json")))
         prepared, failed = manifest["instances"], manifest["failed"]
         specs_path = os.path.join(args.envs_root, "specs.json")
+        failed = {i: why for i, why in failed.items() if i in ids}
     else:
         report = prepare(args.rows, PrepareConfig(repos_root=args.repos_root, envs_root=args.envs_root,
                                                   harness_python=args.harness_python, harness_specs=args.harness_specs,
                                                   instance_ids=tuple(ids)))
         prepared, failed, specs_path = report.prepared, report.failed, report.specs_path
     prepare_s = time.monotonic() - start
-    ready = [i for i in ids if i in prepared]
-    tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path), instance_ids=ready)
+    if args.skip_prepare:  # the preparation ran before: its time is what the manifest recorded
+        chosen = [prepared[i] for i in ids if i in prepared]
+        prepare_s = sum({r["env"]: r.get("env_build_s") or 0 for r in chosen}.values()) + sum(
+            r.get("install_s") or 0 for r in chosen)
     results, flagged = [], {}
+    json_path = os.path.splitext(args.out)[0] + ".json"
+    if args.resume and os.path.exists(json_path):
+        with open(json_path, encoding="utf-8") as fh:
+            earlier = json.load(fh)
+        results = [r for r in earlier["results"] if r["id"] in ids]
+        load_before = tuple(earlier.get("load_before") or load_before)
+    rows_by_id = {r["instance_id"]: r for r in rows}
+    for r in results:  # parity again from the saved logs (the graders may have changed since)
+        for name in ("gold", "noop"):
+            if name in r:
+                _parity(r[name], rows_by_id[r["id"]])
+    done = {r["id"] for r in results}
+    ready = [i for i in ids if i in prepared and i not in done]
+    tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path),
+                          instance_ids=ready) if ready else []
     for task in tasks:
         rec = prepared[task.id]
         base = {"id": task.id, "set": ("Lite" if task.id in lite else "Verified") if lite else "?",
@@ -136,7 +167,8 @@ def _write(args, results, failed, prepare_s, load_before, load_after, partial: b
         fh.write(markdown)
     os.replace(args.out + ".tmp", args.out)
     with open(os.path.splitext(args.out)[0] + ".json.tmp", "w", encoding="utf-8") as fh:
-        json.dump({"results": results, "failed": failed, "prepare_s": prepare_s}, fh, indent=1)
+        json.dump({"results": results, "failed": failed, "prepare_s": prepare_s, "load_before": list(load_before)},
+                  fh, indent=1)
     os.replace(os.path.splitext(args.out)[0] + ".json.tmp", os.path.splitext(args.out)[0] + ".json")
 
 
@@ -148,7 +180,7 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
     run = [r for r in results if "gold" in r]
     good = sum(r["ok"] for r in run)
     parity = sum(r["gold"]["parity"] and r["noop"]["parity"] for r in run)
-    total = len(results) + len(failed)
+    total = len({r["id"] for r in results} | set(failed))
     repos = sorted({r["env"].split("@")[0] for r in results if r.get("env")})
     envs: dict[str, float] = {}
     for r in results:

@@ -147,6 +147,21 @@ def get_test_directives(test_patch: str, repo: str | None = None) -> list[str]:
     return paths
 
 
+NETWORK_TESTS = {
+    "psf/requests": (re.compile(r"TestTimeout::test_(connect_timeout|total_timeout_connect)"),
+                     "connects to the unroutable 10.255.255.1 and expects ConnectTimeout; with no network the "
+                     "connect fails at once (ConnectionError)"),
+}
+"""Required tests that need a network at test time, per repository (measured: psf__requests-3362)."""
+
+
+def network_reason(repo: str, tests: Iterable[str]) -> str | None:
+    """Why a row needs a network at test time (so cannot be graded in the sandbox), or None."""
+    pattern, why = NETWORK_TESTS.get(repo, (None, ""))
+    hits = [t for t in tests if pattern is not None and pattern.search(t)]
+    return f"needs network at test time: {hits[0]} {why}" if hits else None
+
+
 def _test_list(row: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     if key not in row:
         raise SWEBenchError(f"{where}: {key}: missing (a JSON list of test ids)")
@@ -479,8 +494,9 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
             meta["work_tree"] = os.path.abspath(spec["checkout"])
         image = None
     meta["python"] = python
-    if spec.get("not_gradable"):
-        meta["not_gradable"] = spec["not_gradable"]
+    why = spec.get("not_gradable") or network_reason(repo, f2p + p2p)
+    if why:
+        meta["not_gradable"] = why
     setup = tuple(spec["setup"])
     if meta.get("work_tree") and os.path.isabs(python):  # the agent's shell has the row's environment too
         setup = (env_prefix(python).strip().rstrip(";"), *setup)

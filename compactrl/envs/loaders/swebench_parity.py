@@ -22,9 +22,13 @@ VERDICT_LINE = "=" * 20 + " short test summary info " + "=" * 20
 
 
 def split_graded_output(output: str) -> str:
-    """The test log of a graded run's output (what the grader printed before its own verdict)."""
+    """The test log of a graded run's output (what the grader printed before its own verdict). The
+    sandbox shows control characters as U+FFFD; a U+FFFD before ``[`` is put back as the ESC of an
+    ANSI colour code (pytest's ``--color``, the only control characters of these logs), which the
+    parsers of astropy, scikit-learn and sphinx strip."""
     cut = output.rfind("\n" + VERDICT_LINE + "\n")
-    return output[:cut] if cut >= 0 else output
+    log = output[:cut] if cut >= 0 else output
+    return log.replace("\ufffd[", "\x1b[")
 
 
 def ours(repo: str, log: str, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str],

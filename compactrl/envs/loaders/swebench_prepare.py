@@ -451,7 +451,8 @@ def _write_lines(env_dir: str, name: str, lines: Sequence[str]) -> str:
 
 CONDA_ONLY = {"python", "pip", "compilers", "c-compiler", "cxx-compiler", "ghostscript", "graphviz", "pkg-config",
               "qhull", "freetype", "libpng", "tk", "libgdal", "proj", "geos", "ffmpeg", "imagemagick", "texlive-core",
-              "nodejs", "pandoc", "cairo", "gtk3", "pygobject", "wxpython", "pyqt", "pyside2", "pyside6", "cartopy",
+              "nodejs", "pandoc", "cairo", "gtk3", "gtk4", "pygobject", "wxpython", "pyqt", "pyside2", "pyside6",
+              "cartopy", "tornado-gtk", "qt", "qt-main", "cdms2", "hdf5", "eccodes", "libnetcdf",
               "sparse", "numbagg", "h5netcdf", "pint", "iris", "cfgrib", "pynio", "pseudonetcdf", "rasterio"}
 """conda packages a venv cannot take from PyPI as they are (system libraries, GUI stacks, binaries);
 the few pure-Python ones listed (pint, sparse...) are optional test dependencies whose PyPI builds
