@@ -41,7 +41,7 @@ if [[ "${1:-}" == "--system" ]]; then
   fi
 fi
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-# torch 2.13.0 (CPU build) first: see README "Install" for why this pair.
+# torch 2.13.0 (CPU build) first: see docs/install.md for why this pair.
 .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
 .venv/bin/pip install -q --disable-pip-version-check -e ".[test,docker]" 2>&1 | grep -v "is ignored" || true
 .venv/bin/python -c "import compactrl, torch, torchrl; print('compactrl', compactrl.__version__, '| torch', torch.__version__, '| torchrl', torchrl.__version__)"

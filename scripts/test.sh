@@ -26,7 +26,7 @@ quick() {
   .venv/bin/ruff check compactrl tests benchmarks examples scripts || return 1
   .venv/bin/python scripts/check_class_duplicates.py || return 1
   local entries
-  mapfile -t entries < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick.txt | grep .)
+  mapfile -t entries < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick.txt | grep -v '^-' | grep .)
   .venv/bin/python -m pytest -m "not slow and not gpu and not docker" "${entries[@]}" "$@" || return $?
   local image=${COMPACTRL_SANDBOX_IMAGE:-compactrl-sandbox:latest}
   if [[ -n "${DOCKER_HOST:-}" ]] || { command -v podman && command -v runc && command -v debootstrap \
@@ -40,6 +40,7 @@ quick() {
 run() {
   [[ $QUICK == 0 ]] || { quick "$@"; return $?; }
   bash scripts/setup.sh --system || return 1
+  bash scripts/setup.sh --vllm || return 1  # the vLLM engine's own environment (tests/vllm)
   .venv/bin/ruff check compactrl tests benchmarks examples scripts || return 1
   .venv/bin/python scripts/check_class_duplicates.py || return 1
   .venv/bin/python -m pytest -m "not slow and not gpu and not docker" "$@" || return $?
