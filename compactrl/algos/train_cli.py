@@ -198,6 +198,15 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with: compactrl train --resume --out {out}")  # noqa: T201
         return 130
+    except RuntimeError as exc:
+        from compactrl.policies.vllm_policy import EngineFailure
+
+        if not isinstance(exc, EngineFailure):
+            raise
+        log.debug("the vLLM engine failed", exc_info=True)
+        print(f"compactrl train: error: {exc}\ncontinue from the last checkpoint with: "  # noqa: T201
+              f"compactrl train --resume --out {out}")
+        return 1
     finally:
         if progress is not None:
             progress.stop()

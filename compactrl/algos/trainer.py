@@ -386,8 +386,8 @@ def start_engine(cfg: TrainConfig, policy, run: RunDir):
         temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, top_k=policy.sampling.top_k,
         max_new_tokens=policy.max_new_tokens, seed=cfg.seed, stop_token_ids=policy.stop_token_ids,
         sync_tolerance=ro.engine_sync_tolerance or None)
-    try:
-        engine.last_sync = engine.check_sync(policy.model)  # version 0: the weights it was started from
+    try:  # version 0: the weights it was started from
+        engine.last_sync = {"engine/start_s": engine.engine.start_s, **engine.check_sync(policy.model)}
     except BaseException:
         engine.close()
         raise
@@ -624,6 +624,10 @@ def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: floa
              f"- RL: {rl.iterations} iterations x {rl.episodes_per_iter} episodes, boundary `{rl.boundary}`, "
              f"gamma {rl.gamma}, lambda {lmbda}"
              + (f", {rl.critic_pretrain_steps} critic pre-training steps" if rl.algo == "ppo" else ""),
+             *([f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}), synced after every update and "
+                f"checked on a probe batch (largest max |delta log p|: "
+                f"{max(x.get('engine/probe_max_abs_dlogp', 0.0) for x in rows):.2g})"]
+               if cfg.rollout.engine == "vllm" else []),
              f"- wall-clock: {elapsed / 60:.1f} min ("
              + ", ".join(f"{k} {v / 60:.1f} min" for k, v in phases.items() if v > 0) + ")", "",
              "## Held-out success", "",

@@ -65,15 +65,19 @@ to ~1e-6 (a stale expert layout moves it by ~0.1); bf16/fp16 activations alone d
 learner by the measured gaps in docs/policies.md, so only a gross corruption is caught there."""
 
 
-class EngineError(RuntimeError):
+class EngineFailure(RuntimeError):
+    """The vLLM engine cannot go on serving the run (the run stops; it resumes from its checkpoint)."""
+
+
+class EngineError(EngineFailure):
     """The engine answered a request with an error (its message and traceback are included)."""
 
 
-class EngineDied(RuntimeError):
+class EngineDied(EngineFailure):
     """The engine process is gone (killed, crashed, out of memory)."""
 
 
-class SyncCheckError(RuntimeError):
+class SyncCheckError(EngineFailure):
     """After a weight sync the engine's log-probs differ from the learner's beyond the bound."""
 
 
