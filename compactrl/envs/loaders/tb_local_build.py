@@ -211,7 +211,18 @@ def _system_paths(paths: list[str]) -> bool:
     return bool(paths) and all(p.startswith(_SYSTEM) for p in paths)
 
 
+# Interactive terminal tools that images install for the agent's session (the harness records it with
+# asciinema inside tmux); no grader uses them, so their absence here changes no verdict.
+SESSION_TOOLS = {"asciinema", "tmux", "nano", "vim", "vim-tiny", "less", "screen", "htop", "man-db", "emacs-nox"}
+
+
 def _host_has_package(name: str) -> bool:
+    """Installed here: by dpkg, or as a command of that name on PATH or in the toolchains the local
+    sandbox mounts (``npm`` with Node's own install, ``rustc`` through rustup)."""
+    from compactrl.envs.sandbox.local import host_toolchains
+
+    if shutil.which(name, path=":".join([BASE_PATH, *host_toolchains()[1]])):
+        return True
     try:
         res = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Status}", name], capture_output=True, text=True,
                              timeout=30)
@@ -289,7 +300,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
                     break
                 if seg.action == "apt":
-                    missing = [p for p in seg.detail if not _host_has_package(p)]
+                    missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                     if missing:
                         why = (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not installed on "
                                f"this machine: {' '.join(missing)})")
@@ -312,6 +323,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                               "env": dict(env)})
     if out.pip:
         env["PYTHONPATH"] = ":".join(filter(None, ["__SITE__", env.get("PYTHONPATH", "")]))
+        # the image's pytest loads the plugins installed with it (e.g. pytest-json-ctrf for --ctrf)
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = ""
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or len(out.env) > 1
     return (out if needed else None), None

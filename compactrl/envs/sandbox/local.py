@@ -437,15 +437,16 @@ class LocalSandbox:
         own = {k: str(v).replace("__SITE__", os.path.join(self._state or "", "site"))
                for k, v in ((self.task.metadata.get("env") or {}) if self.task else {}).items()}
         base = own.pop("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        return {
+        env = {
             **tool_env,
-            **{k: v for k, v in own.items() if k not in ("HOME", "BASH_ENV", "ENV")},
             "PATH": ":".join([_BIN_DIR, base, *tool_path]),
             # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
             "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             **({} if self.config.pytest_plugin_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}),
         }
+        env.update({k: v for k, v in own.items() if k not in ("HOME", "BASH_ENV", "ENV")})
+        return env
 
     def _launch(self) -> None:
         assert self.session_dir is not None
