@@ -100,6 +100,7 @@ def _lookup(cfg: Any, dotted: str) -> Any:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The preset (or ``--config``) with the command line's overrides applied and validated."""
     cfg, changes = _base_config(args), _changes(args)
+    changes.update({name: value for name, (value, _) in implied_options(cfg, changes).items()})
     if _auto_workers(args, cfg, changes):
         # a placeholder that validates (engines need a worker); the count is chosen once Ray is up
         changes[WORKERS] = 1
@@ -117,6 +118,21 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
     if args.algo:
         changes["rl.algo"] = args.algo
     return changes
+
+
+def implied_options(cfg: TrainConfig, changes: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Options that a given option needs and that the command line left at a value that cannot work
+    with it: ``{option: (the value picked, why)}``. Giving the option keeps the user's value."""
+    picked: dict[str, tuple[Any, str]] = {}
+    if (changes.get("rollout.source", cfg.rollout.source) == "mini_swe_agent" and "env.backend" not in changes
+            and cfg.env.backend == "sim"):
+        picked["env.backend"] = ("local", "rollout.source=mini_swe_agent runs the agent's commands in a real sandbox")
+    return picked
+
+
+def _say_implied(args: argparse.Namespace) -> None:
+    for name, (value, why) in implied_options(_base_config(args), _changes(args)).items():
+        print(f"compactrl train: {name}={value} ({why}; set --{name} to choose)", flush=True)  # noqa: T201
 
 
 WORKERS = "distributed.num_rollout_workers"
@@ -176,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
         out = _resolve_out(args, cfg)
         given = [k.split(":", 1)[1] for k in vars(args) if k.startswith("cfg:")]
         auto_workers = _auto_workers(args, _base_config(args), _changes(args))
+        if not args.resume:
+            _say_implied(args)
         if not args.resume:  # a resumed run checks its stored config when its collector starts
             _check_ray_args(args, cfg)
         if args.resume and set(given) - {"rl.iterations"}:
