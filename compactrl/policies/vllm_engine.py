@@ -173,7 +173,11 @@ class Engine:
                 raise RuntimeError(f"vLLM returned {None if c.logprobs is None else len(c.logprobs)} log-prob "
                                    f"entries for {len(ids)} tokens (SamplingParams(logprobs=0) is required)")
             lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
-            results.append({"token_ids": ids, "log_probs": lps, "finish_reason": c.finish_reason})
+            out = {"token_ids": ids, "log_probs": lps, "finish_reason": c.finish_reason}
+            routed = getattr(c, "routed_experts", None)  # [tokens, layers, top-k] with enable_return_routed_experts
+            if routed is not None:
+                out["routed_experts"] = routed.tolist()
+            results.append(out)
         return {"outputs": results, "version": self.version}
 
     def score(self, sequences: list[list[int]], params: dict[str, Any]) -> dict[str, Any]:

@@ -185,6 +185,8 @@ class VLLMEngineConfig:
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         })
+        if self.enable_return_routed_experts:  # vLLM returns routed experts from its model runner V2 only
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         env.pop("PYTHONPATH", None)  # the engine imports vllm from its own environment only
         return env
 
@@ -417,6 +419,8 @@ class VLLMPolicy:
         for i, o in zip(todo, answer["outputs"]):
             ids = o["token_ids"]
             out[i] = Generated(ids, o["log_probs"], bool(ids) and ids[-1] in stops)
+            if "routed_experts" in o:  # [tokens, layers, top-k] expert ids (enable_return_routed_experts)
+                out[i].routed_experts = o["routed_experts"]
         return out
 
     def score(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> list[list[float]]:
