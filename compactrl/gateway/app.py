@@ -358,7 +358,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     add_model_arguments(parser, source)
     source.add_argument("--upstream", help="URL of an OpenAI-compatible /v1/completions engine to front")
-    parser.add_argument("--upstream-model", help="model name the upstream engine serves (with --upstream)")
+    parser.add_argument("--upstream-model", help="model name the upstream engine serves (with --upstream; default: "
+                                                 "the one its /v1/models lists)")
     parser.add_argument("--context-length", type=int, default=8192, help="the upstream model's context (tokens)")
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="what generates for --model/--tiny: the model in this process, or a vLLM engine "
@@ -369,15 +370,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=GatewayConfig.max_n)
 
 
+def upstream_model(url: str, tokenizer) -> str:
+    """The model an upstream engine serves when ``--upstream-model`` is not given: the one name its
+    ``/v1/models`` lists (printed); none or several is a ``ValueError`` naming them."""
+    from compactrl.policies.openai_client import OpenAICompletionsPolicy, PolicyServerError
+
+    probe = OpenAICompletionsPolicy(url, "", tokenizer=tokenizer, max_concurrency=1, retries=0, timeout=30.0)
+    try:
+        names = probe.models()
+    except PolicyServerError as exc:
+        raise ValueError(f"--upstream-model: not given, and {url} did not list its models ({exc})") from None
+    finally:
+        probe.close()
+    if len(names) != 1:
+        raise ValueError(f"--upstream-model: expected one of the models {url} serves, {names}; give it")
+    print(f"compactrl gateway: --upstream-model {names[0]} (the one model {url} lists)", flush=True)  # noqa: T201
+    return names[0]
+
+
 def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     if args.upstream:
         from compactrl.tokenizer import load_tokenizer
 
-        if not args.upstream_model:
-            raise ValueError("--upstream-model: expected the upstream engine's model name with --upstream")
         tok = load_tokenizer(args.tokenizer)
-        return UpstreamEngine(args.upstream, args.upstream_model, tok, context_length=args.context_length), \
-            args.upstream_model
+        model = args.upstream_model or upstream_model(args.upstream, tok)
+        return UpstreamEngine(args.upstream, model, tok, context_length=args.context_length), model
     from compactrl.policies.serve import load_policy
 
     policy, name = load_policy(args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import openai
 import pytest
 from gateway_helpers import rescore_error
@@ -35,3 +37,16 @@ def test_chat_through_an_upstream_engine_records_exact_ids(policy, tmp_path):
     first = session.calls[0]
     kept = first.prompt_ids + first.choices[0].token_ids
     assert session.calls[1].prompt_ids[:len(kept)] == kept
+
+
+@pytest.mark.timeout(120)
+def test_without_upstream_model_the_one_served_model_is_picked_and_said(policy, capsys):
+    from compactrl.gateway.app import upstream_model
+
+    with make_server(policy, ServeConfig(port=0, model_name="upstream", threads=1)) as upstream:
+        assert upstream_model(upstream.url, policy.tokenizer) == "upstream"
+        assert f"--upstream-model upstream (the one model {upstream.url} lists)" in capsys.readouterr().out
+    with socket.socket() as closed:  # bound, never listening: connections are refused, and the port stays ours
+        closed.bind(("127.0.0.1", 0))
+        with pytest.raises(ValueError, match="--upstream-model: not given, and .* did not list its models"):
+            upstream_model(f"http://127.0.0.1:{closed.getsockname()[1]}", policy.tokenizer)
