@@ -1,20 +1,21 @@
-"""VLLMPolicy on a real vLLM engine: token ids and log-probs out, agreement with
-``TransformersPolicy.log_prob``, and a weight update through ``VLLMPolicy.sync_weights``.
+"""VLLMPolicy on a CUDA vLLM engine: token ids and log-probs out, agreement with
+``TransformersPolicy.log_prob``, and a weight update through ``VLLMPolicy.update_weights``.
 
-Runs where vllm is installed and torch sees a CUDA GPU (``pytest -m gpu tests/gpu``); skips
-elsewhere, saying which is missing. The engine is the project's tiny Qwen3-MoE written to a temp dir
-with the project tokenizer (nothing downloaded). vLLM computes in float16 (bfloat16's 8-bit mantissa
-put single log-probs 0.3 off the float32 ones on CPU, float16 0.01); the reference is the same weights
-in float32 on the CPU, so every weight is first rounded to a float16 value and both sides hold
-exactly the same numbers. Written against vLLM's public API (``LLM`` with ``worker_extension_cls`` and
-``logprobs_mode``, ``SamplingParams``, token-id prompts, ``LLM.collective_rpc``); not yet run on a GPU.
+Runs where the engine environment ``.venv-vllm`` holds the CUDA build (``bash scripts/setup.sh
+--vllm`` on a machine where ``nvidia-smi`` lists a GPU) and torch sees a GPU (``pytest -m gpu
+tests/gpu``); skips elsewhere, saying which is missing. The engine is the project's tiny Qwen3-MoE
+written to a temp dir (nothing downloaded), served by the same engine process as on CPU (its sync
+is vLLM's ``reload_weights``; the CPU-only experts' repack is skipped on CUDA). vLLM computes in
+float16 (bfloat16's 8-bit mantissa put single log-probs 0.3 off the float32 ones on CPU, float16
+0.01); the reference is the same weights in float32 on the CPU, so every weight is first rounded to
+a float16 value and both sides hold exactly the same numbers. Not yet run on a GPU.
 """
 
 from __future__ import annotations
 
 import copy
-import gc
-import importlib.util
+import shutil
+import subprocess
 from statistics import mean
 
 import pytest
@@ -22,11 +23,11 @@ import torch
 
 
 def _missing() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (pip install 'compactrl[vllm]' on a CUDA machine)"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible to torch"
-    return None
+    from compactrl.policies.vllm_policy import engine_env_missing
+
+    if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
+        return "no CUDA GPU (nvidia-smi lists none)"
+    return engine_env_missing()
 
 
 MISSING = _missing()
@@ -91,14 +92,12 @@ def engine(trainer_model, tokenizer, tmp_path_factory):
     served = copy.deepcopy(trainer_model).to(torch.float16)
     policy = VLLMPolicy.from_model(
         served, tokenizer, tmp_path_factory.mktemp("tiny-qwen3-moe"),
-        engine_kwargs=dict(dtype="float16", max_model_len=1024, gpu_memory_utilization=0.3, enforce_eager=True,
-                           seed=0),
-        temperature=TEMPERATURE, max_new_tokens=MAX_NEW, seed=0,
+        engine=dict(dtype="float16", max_model_len=1024, gpu_memory_utilization=0.3,
+                    extra={"enforce_eager": True}, seed=0),
+        temperature=TEMPERATURE, max_new_tokens=MAX_NEW, seed=0, sync_tolerance=TOL,
     )
     yield policy
-    del policy.llm  # the engine (and its worker process) goes with the last reference
-    gc.collect()
-    torch.cuda.empty_cache()
+    policy.close()
 
 
 def test_act_returns_sampled_token_ids_with_their_log_probs(engine, tokenizer):
@@ -136,11 +135,12 @@ def test_weight_update_reaches_the_engine(engine, trainer_model, tokenizer):
             p.add_(0.2 * p.abs().mean() * torch.randn(p.shape, generator=g))
     _fp16_exact(updated)
     try:
-        assert engine.sync_weights(updated) == len(list(checkpoint_weights(updated)))
+        row = engine.update_weights(updated)  # sync + probe check (float16 engine vs float32 learner: TOL)
+        assert row["engine/sync_tensors"] == len(list(checkpoint_weights(updated)))
         prompts = _prompts(6, len(tokenizer), seed=2)
         gens = engine.generate(prompts, MAX_NEW)
         new, old = _errors(gens, prompts, updated, tokenizer), _errors(gens, prompts, trainer_model, tokenizer)
         assert max(new) < TOL, max(new)
         assert mean(old) > 3 * mean(new) + TOL / 10, (mean(old), mean(new))  # nothing computed with old weights
     finally:
-        engine.sync_weights(trainer_model)  # the module's engine serves the original weights again
+        engine.update_weights(trainer_model)  # the module's engine serves the original weights again
