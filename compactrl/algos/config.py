@@ -497,6 +497,11 @@ class TrainConfig:
             _check(self.distributed.num_rollout_workers == 0, "distributed.num_rollout_workers",
                    "0 with rollout.source=mini_swe_agent", self.distributed.num_rollout_workers)
 
+        if self.rollout.engine == "vllm" and self.distributed.num_rollout_workers:
+            # rollout workers reach the vLLM engine through engine actors (each owns one engine process)
+            _check(self.distributed.num_engines >= 1, "distributed.num_engines",
+                   ">= 1 with rollout.engine=vllm and rollout workers", self.distributed.num_engines)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

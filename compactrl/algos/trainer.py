@@ -364,7 +364,7 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
         r.collector = agent_collector(cfg, r.rollout_policy, pad_id=r.pad_id, run=r.run)
         return
     if cfg.distributed.num_rollout_workers:
-        r.collector = ray_collector(cfg, r.policy, pad_id=r.pad_id)
+        r.collector = ray_collector(cfg, r.policy, pad_id=r.pad_id, run=r.run)
         return
     r.collector = TraceCollector(
         make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), r.rollout_policy,
@@ -409,12 +409,26 @@ def engine_mismatch(policy, batch) -> dict[str, float]:
             "mismatch/mean_abs_dlogp": float(log_ratio.abs().mean()), "mismatch/tokens": float(mask.sum())}
 
 
-def ray_collector(cfg: TrainConfig, policy, *, pad_id: int):
+def ray_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None = None):
     """Rollout workers on Ray (``distributed.*``), each building the policy from ``cfg`` and starting
-    from ``policy``'s weights; the trainer's ``update_policy_weights_`` publishes each update."""
+    from ``policy``'s weights; the trainer's ``update_policy_weights_`` publishes each update. With
+    ``rollout.engine=vllm`` every engine actor owns a vLLM engine process serving the model written
+    to the run's ``engine_model/`` (same node), and syncs and probe-checks each published version."""
     import functools
 
-    from compactrl.distributed import RayCollector
+    from compactrl.distributed import RayCollector, vllm_engine
+
+    engine_fn = None
+    if cfg.rollout.engine == "vllm":
+        if run is None:
+            raise ValueError("rollout.engine=vllm with rollout workers needs the run directory (engine_model/)")
+        model_dir = run.path / "engine_model"
+        policy.model.save_pretrained(model_dir)
+        s = policy.sampling
+        engine_fn = functools.partial(
+            vllm_engine, str(model_dir), engine_kwargs=dict(dtype=cfg.rollout.engine_dtype, threads=1),
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
+            stop_token_ids=policy.stop_token_ids, sync_tolerance=cfg.rollout.engine_sync_tolerance or None)
 
     # routing summaries to a frozen copy would need a second model in every worker
     if cfg.rl.frozen_summarizer:
@@ -425,7 +439,7 @@ def ray_collector(cfg: TrainConfig, policy, *, pad_id: int):
         num_workers=d.num_rollout_workers, episodes_per_batch=cfg.rl.episodes_per_iter,
         group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, seed=cfg.seed + 1, pad_id=pad_id,
         give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s,
-        num_engines=d.num_engines)
+        num_engines=d.num_engines, **({"engine_fn": engine_fn} if engine_fn is not None else {}))
 
 
 def worker_policy(cfg_json: str, index: int):
