@@ -361,9 +361,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream-model", help="model name the upstream engine serves (with --upstream; default: "
                                                  "the one its /v1/models lists)")
     parser.add_argument("--context-length", type=int, default=8192, help="the upstream model's context (tokens)")
-    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
-                        help="what generates for --model/--tiny: the model in this process, or a vLLM engine "
-                             "process (bash scripts/setup.sh --vllm)")
     add_server_arguments(parser)
     parser.add_argument("--record-dir", required=True, help="directory for the session files")
     parser.add_argument("--default-max-tokens", type=int, default=GatewayConfig.default_max_tokens)
@@ -399,17 +396,10 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 
     policy, name = load_policy(args)
     if getattr(args, "engine", "transformers") == "vllm":
-        import tempfile
+        from compactrl.policies.serve import PolicyEngine, vllm_served
 
-        from compactrl.gateway.engines import PolicyEngine
-        from compactrl.policies.vllm_policy import VLLMPolicy
-
-        served = VLLMPolicy.from_model(
-            policy.model, policy.tokenizer, tempfile.mkdtemp(prefix="compactrl-vllm-model."),
-            engine=dict(dtype=args.dtype, threads=args.threads or 1), seed=args.seed,
-            max_new_tokens=policy.max_new_tokens, stop_token_ids=policy.stop_token_ids)
-        return PolicyEngine(served, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
-                            owns_policy=True), name
+        return PolicyEngine(vllm_served(policy, args), max_batch_size=args.max_batch_size,
+                            batch_wait_ms=args.batch_wait_ms, owns_policy=True), name
     return LocalEngine(policy, max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
                        threads=args.threads), name
 

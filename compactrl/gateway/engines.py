@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
-from compactrl.policies.serve import CompletionEngine, Job, RequestError
+from compactrl.policies.serve import CompletionEngine, Job, PolicyEngine, RequestError
 from compactrl.policies.transformers_policy import Generated, TransformersPolicy
 
 
@@ -77,79 +77,6 @@ class UpstreamEngine:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
-
-
-class PolicyEngine:
-    """A policy with ``generate(prompts, budgets, sampling=, stop_token_ids=, seeds=)`` that runs elsewhere
-    (a :class:`~compactrl.policies.vllm_policy.VLLMPolicy`: the vLLM engine process), behind one thread.
-
-    Jobs that arrive while a generation runs are gathered; each group with equal sampling settings
-    goes to the engine as one call (vLLM schedules the group's prompts together). Log-probs are
-    those of the distribution sampled (``processed_logprobs``); top log-probs are refused.
-    """
-
-    def __init__(self, policy, *, max_batch_size: int = 64, batch_wait_ms: float = 5.0,
-                 owns_policy: bool = False) -> None:
-        import queue
-        import threading
-
-        self.policy, self.owns_policy = policy, owns_policy
-        self.tokenizer = policy.tokenizer
-        self.context_length = policy.context_length
-        self.stop_ids = tuple(policy.stop_token_ids)
-        self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_ms / 1000.0
-        self._queue: queue.Queue[Job] = queue.Queue()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="compactrl-policy-engine", daemon=True)
-        self._thread.start()
-
-    def submit(self, jobs: list[Job]) -> list[Future]:
-        if self._closed.is_set():
-            raise RequestError("the server is shutting down", status=503)
-        if any(j.top_logprobs for j in jobs):
-            raise RequestError("top log-probs are not returned by this engine", param="top_logprobs")
-        if any(j.report != j.sampling for j in jobs):
-            raise RequestError("this engine reports the log-probs of the distribution sampled (processed_logprobs)",
-                               param="logprobs_mode")
-        for j in jobs:
-            self._queue.put(j)
-        return [j.future for j in jobs]
-
-    def _loop(self) -> None:
-        import queue
-        import time
-
-        while not self._closed.is_set():
-            try:
-                jobs = [self._queue.get(timeout=0.1)]
-            except queue.Empty:
-                continue
-            deadline = time.monotonic() + self.batch_wait_s
-            while len(jobs) < self.max_batch_size:
-                try:
-                    jobs.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            groups: dict[tuple, list[Job]] = {}
-            for j in jobs:
-                groups.setdefault((j.sampling, j.stop_ids), []).append(j)
-            for (sampling, stop_ids), group in groups.items():
-                try:
-                    gens = self.policy.generate([j.prompt for j in group], [j.max_tokens for j in group],
-                                                sampling=sampling, stop_token_ids=list(stop_ids),
-                                                seeds=[j.seed for j in group])
-                except Exception as exc:  # noqa: BLE001 - every waiting request gets it (a 500)
-                    for j in group:
-                        j.future.set_exception(exc)
-                    continue
-                for j, g in zip(group, gens):
-                    j.future.set_result(g)
-
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=30)
-        if self.owns_policy:  # e.g. the vLLM engine process that the gateway command started
-            self.policy.close()
 
 
 def policy_engine(policy, *, threads: int | None = None, max_batch_size: int = 32,

@@ -370,6 +370,80 @@ class CompletionEngine:
             j.future.set_result(g)
 
 
+class PolicyEngine:
+    """A policy with ``generate(prompts, budgets, sampling=, stop_token_ids=, seeds=)`` that runs elsewhere
+    (a :class:`~compactrl.policies.vllm_policy.VLLMPolicy`: the vLLM engine process), behind one thread.
+
+    Jobs that arrive while a generation runs are gathered; each group with equal sampling settings
+    goes to the engine as one call (vLLM schedules the group's prompts together). Log-probs are
+    those of the distribution sampled (``processed_logprobs``); top log-probs are refused.
+    """
+
+    def __init__(self, policy, *, max_batch_size: int = 64, batch_wait_ms: float = 5.0,
+                 owns_policy: bool = False) -> None:
+        import queue
+        import threading
+
+        self.policy, self.owns_policy = policy, owns_policy
+        self.tokenizer = policy.tokenizer
+        self.context_length = policy.context_length
+        self.stop_ids = tuple(policy.stop_token_ids)
+        self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_ms / 1000.0
+        self._queue: queue.Queue[Job] = queue.Queue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="compactrl-policy-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, jobs: list[Job]) -> list[Future]:
+        if self._closed.is_set():
+            raise RequestError("the server is shutting down", status=503)
+        if any(j.top_logprobs for j in jobs):
+            raise RequestError("top log-probs are not returned by this engine", param="top_logprobs")
+        if any(j.report != j.sampling for j in jobs):
+            raise RequestError("this engine reports the log-probs of the distribution sampled (processed_logprobs)",
+                               param="logprobs_mode")
+        for j in jobs:
+            self._queue.put(j)
+        return [j.future for j in jobs]
+
+    def _loop(self) -> None:
+        import queue
+        import time
+
+        while not self._closed.is_set():
+            try:
+                jobs = [self._queue.get(timeout=0.1)]
+            except queue.Empty:
+                continue
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(jobs) < self.max_batch_size:
+                try:
+                    jobs.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            groups: dict[tuple, list[Job]] = {}
+            for j in jobs:
+                groups.setdefault((j.sampling, j.stop_ids), []).append(j)
+            for (sampling, stop_ids), group in groups.items():
+                try:
+                    gens = self.policy.generate([j.prompt for j in group], [j.max_tokens for j in group],
+                                                sampling=sampling, stop_token_ids=list(stop_ids),
+                                                seeds=[j.seed for j in group])
+                except Exception as exc:  # noqa: BLE001 - every waiting request gets it (a 500)
+                    for j in group:
+                        j.future.set_exception(exc)
+                    continue
+                for j, g in zip(group, gens):
+                    j.future.set_result(g)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=30)
+        if self.owns_policy:  # e.g. the vLLM engine process that the gateway command started
+            self.policy.close()
+
+
+
 # --------------------------------------------------------------------------------------------------
 # HTTP: FastAPI on uvicorn (the gateway builds on the same pieces)
 
@@ -590,6 +664,32 @@ class CompletionServer(ApiServer):
         super().__init__(app, config.host, config.port, on_close=self.engine.close)
 
 
+class EngineServer(ApiServer):
+    """``compactrl serve --engine vllm``: ``/v1/completions`` over an engine with ``submit(jobs)`` (a
+    :class:`PolicyEngine` in front of the vLLM engine process), closed with the server."""
+
+    def __init__(self, engine: PolicyEngine, config: ServeConfig) -> None:
+        self.engine, self.config = engine, config
+        app = api_app("compactrl serve", max_body_bytes=config.max_body_bytes,
+                      max_concurrent=config.max_concurrent_requests)
+        add_completion_routes(app, engine=engine, tokenizer=engine.tokenizer, context_length=engine.context_length,
+                              stop_ids=engine.stop_ids, config=config)
+        super().__init__(app, config.host, config.port, on_close=engine.close)
+
+
+def vllm_served(policy: TransformersPolicy, args: argparse.Namespace):
+    """``--engine vllm``: ``policy``'s model served by a vLLM engine process (its weights written to a
+    temporary directory), sampling like ``policy``; the caller closes it."""
+    import tempfile
+
+    from compactrl.policies.vllm_policy import VLLMPolicy
+
+    return VLLMPolicy.from_model(
+        policy.model, policy.tokenizer, tempfile.mkdtemp(prefix="compactrl-vllm-model."),
+        engine=dict(dtype=args.dtype, threads=args.threads or 1), seed=args.seed,
+        max_new_tokens=policy.max_new_tokens, stop_token_ids=policy.stop_token_ids)
+
+
 def make_server(policy: TransformersPolicy, config: ServeConfig) -> CompletionServer:
     """A bound (not yet serving) server: ``start()`` (or ``serve_forever``), later ``stop()``."""
     return CompletionServer(policy, config)
@@ -608,6 +708,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, source) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed and tiny-model init seed")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (generation thread too)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="what generates: the model in this process, or a vLLM engine process in its own "
+                             "environment (bash scripts/setup.sh --vllm; docs/policies.md)")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -664,7 +767,12 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     policy, default_name = load_policy(args)
-    server = make_server(policy, serve_config(args, default_name))
+    if getattr(args, "engine", "transformers") == "vllm":
+        engine = PolicyEngine(vllm_served(policy, args), max_batch_size=args.max_batch_size,
+                              batch_wait_ms=args.batch_wait_ms, owns_policy=True)
+        server: ApiServer = EngineServer(engine, serve_config(args, default_name))
+    else:
+        server = make_server(policy, serve_config(args, default_name))
     print(f"compactrl serve: model {server.config.model_name!r} on {server.url}/v1", flush=True)
     serve_until_signal(server)
     return 0

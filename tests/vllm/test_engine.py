@@ -98,3 +98,28 @@ def test_a_corrupted_engine_is_caught_by_the_post_sync_check(arch, engines):
     with pytest.raises(SyncCheckError, match=rf"weight sync to version {pol.version}\b.*beyond sync_tolerance"):
         pol.check_sync(s.model)
     pol.update_weights(s.model)  # a fresh sync repairs it
+
+
+def test_the_completions_server_over_the_engine(engines, tokenizer):
+    """``compactrl serve --engine vllm``'s server (and the gateway's engine): token ids over HTTP, the
+    engine's ids and log-probs back, equal to the learner's within 1e-5."""
+    from compactrl.policies.openai_client import OpenAICompletionsPolicy
+    from compactrl.policies.serve import EngineServer, PolicyEngine, ServeConfig
+
+    s = engines("qwen3_moe")
+    s.policy.sync_weights(s.model)
+    server = EngineServer(PolicyEngine(s.policy, batch_wait_ms=20), ServeConfig(port=0, model_name="engine")).start()
+    try:
+        client = OpenAICompletionsPolicy(server.url, "engine", tokenizer=tokenizer, context_length=8192,
+                                         max_new_tokens=12)
+        try:
+            for p in _prompts(3, seed=4):
+                g = client.complete(p, 12, seed=5)
+                assert g.token_ids and len(g.token_ids) == len(g.log_probs)
+                ref = learner_log_probs(s.model, [p + list(g.token_ids)])[0][len(p) - 1:]
+                assert max(abs(a - b) for a, b in zip(g.log_probs, ref)) < TOL
+        finally:
+            client.close()
+    finally:
+        server.stop()  # closes the PolicyEngine's thread, not the session's engine (it does not own it)
+    assert s.policy.engine.alive()
