@@ -13,8 +13,8 @@ task's own Dockerfile on top of it (:func:`substitute_for`, used by
 * what the family promises on top: the **CPython version** of the tag, copied from an interpreter of
   that version on this machine (``pyenv`` or ``uv`` installs, same distribution and libc) into
   ``/usr/local`` as the official ``python`` images have it, else the distribution's python3 (noted);
-  build tools (``gcc``, ``buildpack-deps``), the **Go toolchain** of the tag (the ``golang.org/toolchain``
-  module from the Go module proxy, as ``go`` itself fetches toolchains), Node.js, a JDK; the family's
+  build tools (``gcc``, ``buildpack-deps``), a **Go toolchain** of the tag's line (Debian 12's
+  backports: 1.21, 1.22, 1.23), Node.js, a JDK; the family's
   ``WORKDIR`` and environment;
 * this machine's CA bundle, added to the image's trusted certificates (``update-ca-certificates``
   keeps it when a task installs ``ca-certificates``), so a ``pip install`` or ``apt-get`` in the
@@ -53,12 +53,31 @@ ROOT_REPO = "compactrl-root"
 ROOT_LAYOUT = "2"
 """Version of what :func:`build_root` puts in a root (a cached root of another version is rebuilt)."""
 SUBSTITUTE_REPO = "compactrl-base"
+GRADER_DIR = "/opt/compactrl/grader"
+"""pytest (the version the harness installs for its test runs) and its dependencies, unpacked for
+the image's python3 but outside its site-packages: the agent's python does not see them; the docker
+backend puts the folder on ``PYTHONPATH`` for a task graded with pytest on its tests, as the harness's
+own test run has pytest (installed at test time, which needs a network the sandbox does not have)."""
 CACHE_DIR = os.environ.get("COMPACTRL_CACHE", "/var/cache/compactrl")
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-GO_PROXY = os.environ.get("COMPACTRL_GOPROXY", "https://proxy.golang.org")
 # Ubuntu Archive Automatic Signing Key (2018) <ftpmaster@ubuntu.com>: the key that signs the
 # archive's Release files since 18.04; a keyring without it is refused.
 UBUNTU_ARCHIVE_KEY = "F6ECB3762474EDA9D21B7022871920D1991BC93C"
+
+
+def dockerfile_bases(text: str) -> list[tuple[int, str]]:
+    """``(line index, image)`` of each ``FROM`` naming an image (not an earlier stage, not ``scratch``)."""
+    out, stages = [], {"scratch"}
+    for i, line in enumerate(text.splitlines()):
+        words = line.split()
+        if len(words) < 2 or words[0].upper() != "FROM":
+            continue
+        words = [w for w in words[1:] if not w.startswith("--")]
+        if len(words) >= 3 and words[1].upper() == "AS":
+            stages.add(words[2].lower())
+        if words and words[0].lower() not in stages:
+            out.append((i, words[0]))
+    return out
 
 
 # ------------------------------------------------------------------------------ OS roots
@@ -293,6 +312,8 @@ class Recipe:
     python_prefix: str | None = None
     notes: tuple[str, ...] = ()
     """How this substitute differs from the base it stands for."""
+    grader_python: str | None = None
+    """Version of the image's ``python3`` (None: it has none): pytest for it goes to :data:`GRADER_DIR`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,11 +378,13 @@ def _tbench_python(name: str, tag: str) -> Recipe | None:
     notes: list[str] = []
     steps, prefix = _python_steps("3.13", "debian-bookworm", notes)
     return Recipe("t-bench/python-3-13", "debian-bookworm",
-                  (_ARG, *steps, _APT.format("tmux asciinema"), "WORKDIR /app"), "3.13", prefix, tuple(notes))
+                  (_ARG, *steps, _APT.format("tmux asciinema"), "WORKDIR /app"), "3.13", prefix, tuple(notes),
+                  grader_python="3.13" if prefix else "3.11")
 
 
 def _tbench_ubuntu(name: str, tag: str) -> Recipe | None:
-    return Recipe("t-bench/ubuntu-24-04", "ubuntu-noble", (_ARG, _APT.format("tmux asciinema"), "WORKDIR /app"))
+    return Recipe("t-bench/ubuntu-24-04", "ubuntu-noble", (_ARG, _APT.format("tmux asciinema"), "WORKDIR /app"),
+                  grader_python="3.12")
 
 
 def _python(name: str, tag: str) -> Recipe | None:
@@ -374,7 +397,7 @@ def _python(name: str, tag: str) -> Recipe | None:
     steps, prefix = _python_steps(version, "debian-bookworm", notes)
     extra = [] if slim else [_APT.format(f"{_BUILD_TOOLS} {_BUILDPACK_DEV}")]
     return Recipe("python", "debian-bookworm", (_ARG, *steps, *extra, 'CMD ["python3"]'),
-                  version, prefix, tuple(notes))
+                  version, prefix, tuple(notes), grader_python=version if prefix else "3.11")
 
 
 def _distro(name: str, tag: str) -> Recipe | None:
@@ -404,33 +427,32 @@ def _gcc(name: str, tag: str) -> Recipe | None:
                   notes=(f"Debian 12's GCC 12 in place of GCC {m[1]}",) if m[1] != "12" else ())
 
 
-def go_version(spec: str) -> str:
-    """The newest Go release matching ``spec`` ("1.22" or "1.22.7"), from the module proxy's
-    ``golang.org/toolchain`` versions."""
-    if re.fullmatch(r"\d+\.\d+\.\d+", spec):
-        return spec
-    listing = _fetch(f"{GO_PROXY}/golang.org/toolchain/@v/list").decode()
-    patches = [int(m[1]) for m in re.finditer(rf"v0\.0\.1-go{re.escape(spec)}\.(\d+)\.linux-amd64", listing)]
-    if not patches:
-        raise RuntimeError(f"no Go {spec}.x toolchain for linux-amd64 on {GO_PROXY}")
-    return f"{spec}.{max(patches)}"
+# Go releases in Debian 12's backports (the golang.org downloads and the Go module proxy are not
+# reachable here); a tag asks for one of these minor releases, or the nearest.
+GO_BACKPORTS = ("1.21", "1.22", "1.23")
 
 
 def _golang(name: str, tag: str) -> Recipe | None:
-    m = re.fullmatch(r"(\d+\.\d+(?:\.\d+)?)(?:-(bookworm|bullseye))?", tag)
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?(?:-(bookworm|bullseye))?", tag)
     if not m:
         return None
-    version = go_version(m[1])
-    module = f"v0.0.1-go{version}.linux-amd64"
+    minor = min(GO_BACKPORTS, key=lambda v: (abs(int(v.split(".")[1]) - int(m[2])), v))
+    notes = [f"Go {minor} from Debian 12's backports in place of Go {tag.split('-')[0]}"
+             + (" (a go.mod asking for a newer go line fails: no toolchain download)"
+                if int(minor.split(".")[1]) < int(m[2]) else "")]
+    if m[3] not in (None, "bookworm"):
+        notes.append(f"Debian bookworm in place of {m[3]}")
+    backports = "/etc/apt/sources.list.d/compactrl-backports.sources"
     return Recipe("golang", "debian-bookworm", (
         _ARG, _APT.format(_BUILD_TOOLS),
-        f"RUN curl -fsSL {GO_PROXY}/golang.org/toolchain/@v/{module}.zip -o /tmp/go.zip"
-        f" && cd /tmp && unzip -q go.zip && mv 'golang.org/toolchain@{module}' /usr/local/go"
-        " && rm -rf /tmp/go.zip /tmp/golang.org && chmod 755 /usr/local/go/bin/* && /usr/local/go/bin/go version",
-        "ENV GOLANG_VERSION=" + version, "ENV GOTOOLCHAIN=local GOPATH=/go",
+        f"RUN printf 'Types: deb\\nURIs: {ROOTS['debian-bookworm'].mirror}\\nSuites: bookworm-backports\\nComponents: main\\n"
+        f"Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > {backports}"
+        f" && apt-get update && apt-get install -y --no-install-recommends -t bookworm-backports golang-{minor}-go"
+        f" && rm -f {backports} && rm -rf /var/lib/apt/lists/* && ln -s /usr/lib/go-{minor} /usr/local/go"
+        " && /usr/local/go/bin/go version",
+        "ENV GOTOOLCHAIN=local GOPATH=/go",
         "ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "RUN mkdir -p /go/src /go/bin && chmod -R 1777 /go", "WORKDIR /go"),
-        notes=() if m[2] in (None, "bookworm") else (f"Debian bookworm in place of {m[2]}",))
+        "RUN mkdir -p /go/src /go/bin && chmod -R 1777 /go", "WORKDIR /go"), notes=tuple(notes))
 
 
 def _node(name: str, tag: str) -> Recipe | None:
@@ -490,8 +512,9 @@ FAMILIES: tuple[Family, ...] = (
            "Debian 12's GCC 12 whatever N is", _gcc),
     Family("golang", "golang:1.X[.Y][-bookworm] (also public.ecr.aws/docker/library/golang)",
            "Go 1.X.Y in /usr/local/go, GOPATH=/go, GOTOOLCHAIN=local, WORKDIR /go, on buildpack-deps",
-           "the exact Go release (from the Go module proxy's golang.org/toolchain module; 1.X means its newest "
-           "patch release); build tools but not the full buildpack -dev set", _golang),
+           "Debian 12 backports' Go of the nearest line among 1.21-1.23 (its own patch release; newer lines "
+           "cannot be had: golang.org and the module proxy are not reachable); build tools, not the full -dev set",
+           _golang),
     Family("node", "node:N[-bookworm|-slim|-alpine] (also public.ecr.aws/docker/library/node)",
            "Node.js N with npm", "Debian 12's Node.js 18 and npm 9 whatever N is (nodejs.org is not reachable); "
            "alpine tags get Debian", _node),
@@ -562,10 +585,33 @@ def recipe_for(image: str) -> Recipe:
 _locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
+def grader_wheels(python: str, cache_dir: str = CACHE_DIR) -> list[str]:
+    """Wheels of pytest and its dependencies for CPython ``python`` ("3.12"), downloaded once with this
+    machine's pip into the cache: pytest 8.4.1 as the harness installs it (8.3.5 for 3.8)."""
+    pin = "pytest==8.3.5" if python in ("3.8",) else "pytest==8.4.1"
+    # pip evaluates pytest's markers for the running interpreter, not --python-version: name the
+    # dependencies that only older Pythons need
+    extra = ["exceptiongroup>=1.0.0rc8", "tomli>=1"] if int(python.split(".")[1]) < 11 else []
+    target = os.path.join(cache_dir, "grader-wheels", f"{python}-{pin}")
+    if not os.path.isfile(os.path.join(target, ".complete")):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", python,
+              "--implementation", "cp", "--dest", target, pin, *extra], f"downloading {pin} for Python {python}", timeout=600)
+        open(os.path.join(target, ".complete"), "w").close()
+    return sorted(glob.glob(os.path.join(target, "*.whl")))
+
+
 def _recipe_context(recipe: Recipe, root_name: str, root_id: str) -> tuple[bytes, str]:
     """The build context (Dockerfile, CA bundle, CPython tree) and the digest naming the substitute
     (the root's image id included: a root bootstrapped again makes new substitutes)."""
-    dockerfile = "\n".join([f"FROM {root_name}", *_CA_STEPS, *recipe.steps]) + "\n"
+    grader = []
+    if recipe.grader_python:
+        grader = ["COPY grader-wheels/ /tmp/grader-wheels/",
+                  f"RUN for w in /tmp/grader-wheels/*.whl; do python3 -m zipfile -e \"$w\" {GRADER_DIR} || exit 1; done"
+                  f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} -name '*.dist-info' -prune -o -type d -exec chmod 755 {{}} +"
+                  f" && PYTHONPATH={GRADER_DIR} python3 -m pytest --version"]
+    dockerfile = "\n".join([f"FROM {root_name}", *_CA_STEPS, *recipe.steps, *grader]) + "\n"
     digest = hashlib.sha256(f"{root_id}\0{dockerfile}".encode())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -577,6 +623,12 @@ def _recipe_context(recipe: Recipe, root_name: str, root_id: str) -> tuple[bytes
         ca = open(HOST_CA_BUNDLE, "rb").read() if os.path.isfile(HOST_CA_BUNDLE) else b""
         digest.update(ca)
         add("host-ca.crt", ca)
+        if recipe.grader_python:
+            for path in grader_wheels(recipe.grader_python):
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                digest.update(os.path.basename(path).encode() + hashlib.sha256(data).digest())
+                add("grader-wheels/" + os.path.basename(path), data)
         if recipe.python_prefix:
             for host, rel in _python_tree(recipe.python_prefix, recipe.python):
                 if os.path.islink(host):
@@ -634,8 +686,6 @@ def substitute_for(client, image: str, *, cache_dir: str = CACHE_DIR, build_time
 # ------------------------------------------------------------------------------ survey and CLI
 def survey(folders: list[str]) -> dict[str, collections.Counter]:
     """Bases named by the Dockerfiles under ``folders``, counted per family (``"(none)"``: no family)."""
-    from compactrl.envs.sandbox.docker import dockerfile_bases
-
     out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for folder in folders:
         for dirpath, dirnames, filenames in os.walk(folder):

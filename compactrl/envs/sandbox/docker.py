@@ -31,7 +31,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from compactrl.envs.sandbox import _shell
+from compactrl.envs.sandbox import _shell, base_images
 from compactrl.envs.sandbox._common import (
     file_bytes,
     hidden_files_blocked,
@@ -44,6 +44,7 @@ from compactrl.envs.sandbox._common import (
     work_rel,
 )
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
+from compactrl.envs.sandbox.base_images import GRADER_DIR, dockerfile_bases
 from compactrl.envs.task import Task
 
 log = logging.getLogger(__name__)
@@ -245,21 +246,6 @@ _BUILT_DOCKERFILE = ".compactrl.Dockerfile"
 _build_locks: dict[str, threading.Lock] = {}
 
 
-def dockerfile_bases(text: str) -> list[tuple[int, str]]:
-    """``(line index, image)`` of each ``FROM`` naming an image (not an earlier stage, not ``scratch``)."""
-    out, stages = [], {"scratch"}
-    for i, line in enumerate(text.splitlines()):
-        words = line.split()
-        if len(words) < 2 or words[0].upper() != "FROM":
-            continue
-        words = [w for w in words[1:] if not w.startswith("--")]
-        if len(words) >= 3 and words[1].upper() == "AS":
-            stages.add(words[2].lower())
-        if words and words[0].lower() not in stages:
-            out.append((i, words[0]))
-    return out
-
-
 def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engine: str | None) -> tuple[str, list[str]]:
     """The Dockerfile with substitutes in place of mapped bases, and the image ids of its bases.
 
@@ -278,8 +264,6 @@ def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engi
             if not cfg.pull:
                 family_note, image = "", None
                 if cfg.base_families and wanted == base:
-                    from compactrl.envs.sandbox import base_images
-
                     try:
                         wanted, recipe = base_images.substitute_for(client, base)
                         image = client.images.get(wanted)
@@ -742,7 +726,12 @@ class DockerSandbox:
         except OSError as e:  # the agent put something in the way (a directory, a symlink out)
             return hidden_files_blocked(e)
         try:
-            res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
+            command = check.command
+            if self.task.metadata.get("grading") == "pytest":
+                # a family substitute carries pytest for its python3 outside site-packages (base_images)
+                command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={GRADER_DIR}${{PYTHONPATH:+:$PYTHONPATH}};"
+                           f" {command}")
+            res = self._run(command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
             restore = hidden_restore_plan(self.task, before)
             self._cache.clear()
