@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the README's test command N times in a row on a fresh clone, and log every run.
 #
-#   bash scripts/repeat_tests.sh N [--quick] [--nice LEVEL] [--ref REV] [--keep]
+#   bash scripts/repeat_tests.sh N [--quick] [--nice LEVEL] [--ref REV] [--keep] [--in CLONE]
 #
 # Clones this repository (the commit REV, default HEAD: what is committed, not the working tree)
 # into a new temporary folder, then runs `bash scripts/test.sh` there N times, one after another
@@ -13,21 +13,23 @@
 #   benchmarks/results/test_runs.md    one table per batch (commit, mode, machine, then one row per run)
 # of THIS checkout, and keeps each run's full output in the clone's folder, printed at the end.
 # --quick runs `bash scripts/test.sh --quick` instead; --nice runs the test command at that niceness
-# (default 0); --keep keeps the clone (otherwise removed when every run passed). Exit status: the
-# number of failed runs (0: all green).
+# (default 0); --keep keeps the clone (otherwise removed when every run passed); --in CLONE runs in
+# a clone kept from an earlier batch instead (checked out at REV, its set-up venv reused; the log
+# says so). Exit status: the number of failed runs (0: all green).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [[ $# -ge 1 && "$1" =~ ^[1-9][0-9]*$ ]] || usage
 N=$1; shift
-MODE=full NICE=0 REF=HEAD KEEP=0
+MODE=full NICE=0 REF=HEAD KEEP=0 REUSE=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) MODE=quick ;;
     --nice) NICE=${2:?--nice needs a level}; shift ;;
     --ref) REF=${2:?--ref needs a revision}; shift ;;
     --keep) KEEP=1 ;;
+    --in) REUSE=${2:?--in needs a clone}; shift ;;
     *) usage ;;
   esac
   shift
@@ -37,22 +39,30 @@ RESULTS="$REPO/benchmarks/results"
 LOG="$RESULTS/test_runs.log" MD="$RESULTS/test_runs.md"
 mkdir -p "$RESULTS"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/compactrl-repeat.XXXXXX") || exit 1
-CLONE="$WORK/compactrl"
-git clone -q --no-hardlinks "$REPO" "$CLONE" && git -C "$CLONE" checkout -q --detach "$COMMIT" || exit 1
+if [[ -n "$REUSE" ]]; then
+  CLONE=$(cd "$REUSE" && pwd) WORK=$(dirname "$CLONE") FRESH="an earlier clone, set up"
+  git -C "$CLONE" fetch -q origin && git -C "$CLONE" checkout -q --detach "$COMMIT" || exit 1
+  KEEP=1
+  [[ -z $(git -C "$CLONE" status --porcelain) ]] || { echo "repeat_tests: $CLONE has local changes" >&2; exit 2; }
+else
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/compactrl-repeat.XXXXXX") || exit 1
+  CLONE="$WORK/compactrl" FRESH="a fresh clone"
+  git clone -q --no-hardlinks "$REPO" "$CLONE" && git -C "$CLONE" checkout -q --detach "$COMMIT" || exit 1
+fi
 CMD=(bash scripts/test.sh)
 [[ $MODE == quick ]] && CMD+=(--quick)
 MACHINE="$(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr)"
 BATCH="$(date -u +%Y-%m-%dT%H:%MZ) commit ${COMMIT:0:7}"
+STAMP=$(date -u +%H%M%S)
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
 {
-  echo "# batch $BATCH: $N x \`${CMD[*]}\` (nice $NICE) in a fresh clone ($CLONE); machine: $MACHINE"
+  echo "# batch $BATCH: $N x \`${CMD[*]}\` (nice $NICE) in $FRESH ($CLONE); machine: $MACHINE"
 } >> "$LOG"
 {
   echo
-  echo "### $BATCH: $N x \`${CMD[*]}\`, fresh clone, nice $NICE"
+  echo "### $BATCH: $N x \`${CMD[*]}\`, $FRESH, nice $NICE"
   echo
   echo "Machine: $MACHINE. Load: the 1-minute load average (start / end, min-max sampled every 10 s)."
   echo
@@ -62,8 +72,8 @@ load1() { cut -d' ' -f1 /proc/loadavg; }
 
 failed=0
 for ((i = 1; i <= N; i++)); do
-  out="$WORK/run-$i.log"
-  samples="$WORK/load-$i.txt"
+  out="$WORK/run-$STAMP-$i.log"
+  samples="$WORK/load-$STAMP-$i.txt"
   started=$(date -u +%H:%M:%S) t0=$(date +%s) l0=$(load1)
   # a fresh run marker per run (not inherited from a caller's test run)
   (cd "$CLONE" && exec env -u COMPACTRL_TEST_RUN nice -n "$NICE" "${CMD[@]}") > "$out" 2>&1 &
