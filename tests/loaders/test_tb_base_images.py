@@ -100,6 +100,18 @@ def test_every_family_is_documented() -> None:
         assert f"`{f.name}`" in section, f.name
 
 
+def test_test_time_installs_become_grader_requirements() -> None:
+    scripts = ["#!/bin/bash\nsource $TEST_DIR/setup-uv-pytest.sh\nuv add numpy==2.3.1\nbash $TEST_DIR/run-uv-pytest.sh\n",
+               "apt-get install -y curl\nuv init\nuv add pytest==8.4.1\n",
+               "pip install pytest requests psutil && python3 -m pip install 'pandas==2.3.0' -r extra.txt\n"]
+    assert bi.test_requirements(scripts) == ["numpy==2.3.1", "requests", "psutil", "pandas==2.3.0"]
+    assert bi.test_requirements(["pip install pytest==8.4.1\npytest $TEST_DIR -rA\n"]) == []
+    lines = bi.grader_layer(["numpy==2.3.1"], "app")
+    assert lines[0] == "USER root" and lines[-1] == "USER app"
+    assert f"--target {bi.GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_DIR}/pip ]" in lines[1]
+    assert bi.grader_layer([], None) == []
+
+
 def test_survey_counts_bases_per_family(tmp_path) -> None:
     for i, text in enumerate(["FROM python:3.12-slim\n", "FROM golang:1.22 AS b\nFROM python:3.12-slim\n",
                               "FROM quay.io/x/y:1\n"]):
@@ -122,12 +134,22 @@ def _client():
     return docker.from_env(timeout=1800)
 
 
+def _root_ready(client) -> None:
+    """The debian root is built by scripts/ci_docker.sh's set-up (debootstrap: the download is there,
+    not in the test); without it the test skips."""
+    try:
+        client.images.get(bi.ROOTS["debian-bookworm"].tag)
+    except Exception:
+        pytest.skip(f"{bi.ROOTS['debian-bookworm'].tag} is not on the engine: run scripts/ci_docker.sh, which builds it")
+
+
 @pytest.mark.docker
 def test_task_on_a_family_base_builds_its_generated_data_and_grades() -> None:
     """``FROM debian:bookworm-slim`` (not on the engine, no registry): the debian family's substitute
     is built (once; cached after), the task's Dockerfile on it RUNs the generator, and the files it
     made are there for gold and noop alike: gold passes, noop fails."""
     client = _client()
+    _root_ready(client)
     task = load_task_dir(LEDGER_TASK)
     assert task.files == {} or "ledger" not in " ".join(task.files)  # the data is made in the image
     build_task_image(client, task.id, task.metadata["image_build"], DockerSandboxConfig())

@@ -585,9 +585,57 @@ def recipe_for(image: str) -> Recipe:
 _locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
+GRADER_DEPS_DIR = "/opt/compactrl/grader-deps"
+_INSTALL = re.compile(r"(?:^|[;&|(]|\bthen|\bdo)\s*(?:uv\s+add|uv\s+pip\s+install|python3?\s+-m\s+pip\s+install|pip3?\s+install)"
+                      r"\s+([^;&|\n#]*)", re.M)
+_REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?((==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!,<>=~-]+)?")
+
+
+def test_requirements(scripts: list[str]) -> list[str]:
+    """The packages a task's test scripts install at test time (``uv add``, ``uv pip install``, ``pip
+    install``), pytest left out (the grader has the harness's): what the harness's test run has and an
+    offline sandbox can only have if it is installed when the image is built."""
+    out: list[str] = []
+    for text in scripts:
+        for m in _INSTALL.finditer(text):
+            words = m.group(1).split()
+            skip = False
+            for w in words:
+                if skip:
+                    skip = False
+                    continue
+                if w.startswith("-"):
+                    skip = w in ("-r", "-c", "-e", "-i", "--index-url", "--extra-index-url", "-f", "--find-links",
+                                 "--target", "-t", "--python", "-p")
+                    continue
+                w = w.strip("'\"")
+                if not _REQUIREMENT.fullmatch(w) or re.match(r"pytest([=<>~!\[]|$)", w):
+                    continue
+                if w not in out:
+                    out.append(w)
+    return out
+
+
+def grader_layer(requirements: list[str], user: str | None) -> list[str]:
+    """Dockerfile lines that install ``requirements`` for the image's python3 into
+    :data:`GRADER_DEPS_DIR` with the grader's pip (only where the image has the grader: a family
+    substitute), trusting the build machine's CA; the image's ``USER`` is restored after."""
+    if not requirements:
+        return []
+    import shlex
+
+    reqs = " ".join(shlex.quote(r) for r in requirements)
+    lines = ["USER root",
+             f"RUN if [ -d {GRADER_DIR}/pip ]; then PYTHONPATH={GRADER_DIR} PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
+             f" python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --target {GRADER_DEPS_DIR}"
+             f" {reqs}; fi"]
+    return lines + ([f"USER {user}"] if user else [])
+
+
 def grader_wheels(python: str, cache_dir: str = CACHE_DIR) -> list[str]:
     """Wheels of pytest and its dependencies for CPython ``python`` ("3.12"), downloaded once with this
-    machine's pip into the cache: pytest 8.4.1 as the harness installs it (8.3.5 for 3.8)."""
+    machine's pip into the cache: pytest 8.4.1 as the harness installs it (8.3.5 for 3.8), and pip
+    (so that a task's test requirements can be installed next to it, :func:`grader_layer`)."""
     pin = "pytest==8.3.5" if python in ("3.8",) else "pytest==8.4.1"
     # pip evaluates pytest's markers for the running interpreter, not --python-version: name the
     # dependencies that only older Pythons need
@@ -597,7 +645,7 @@ def grader_wheels(python: str, cache_dir: str = CACHE_DIR) -> list[str]:
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(target)
         _run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", python,
-              "--implementation", "cp", "--dest", target, pin, *extra], f"downloading {pin} for Python {python}", timeout=600)
+              "--implementation", "cp", "--dest", target, pin, "pip", *extra], f"downloading {pin} for Python {python}", timeout=600)
         open(os.path.join(target, ".complete"), "w").close()
     return sorted(glob.glob(os.path.join(target, "*.whl")))
 

@@ -338,6 +338,11 @@ def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig
         raise SandboxError(f"task {task_id}: image_build needs an existing context folder and Dockerfile, got {build!r}")
     with open(path, encoding="utf-8", errors="replace") as fh:
         text, ids = _resolve_bases(client, fh.read(), cfg, path, engine)
+    if build.get("grader_requirements"):  # what the task's test scripts install at test time
+        lines = text.splitlines()
+        last_stage = max((i for i, line in enumerate(lines) if line.strip().upper().startswith("FROM ")), default=0)
+        users = [line.split(None, 1)[1].strip() for line in lines[last_stage:] if line.strip().upper().startswith("USER ")]
+        text += "\n".join(base_images.grader_layer(list(build["grader_requirements"]), users[-1] if users else None)) + "\n"
     data, digest = _context_tar(context, text)
     tag = task_image_tag(task_id, hashlib.sha256(("\0".join([digest, *ids])).encode()).hexdigest())
     with _reap_lock:
@@ -352,6 +357,10 @@ def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig
         _run_build(client, data, tag, cfg, path)
         log.info("built %s for task %s in %.1f s", tag, task_id, time.monotonic() - started)
     return tag
+
+
+_BUILD_CAUSE = re.compile(r"Could not resolve host|unable to access|Unable to locate package|No matching distribution|"
+                          r"Temporary failure in name resolution|Failed to fetch|^E: |^ERROR|error:|No such file or directory")
 
 
 def _run_build(client, data: bytes, tag: str, cfg: DockerSandboxConfig, where: str) -> None:
@@ -377,7 +386,10 @@ def _run_build(client, data: bytes, tag: str, cfg: DockerSandboxConfig, where: s
         except docker.errors.DockerException:
             error = "the engine reported no error but holds no image"
     if error is not None:
-        raise SandboxError(f"{where}: building the task's image failed: {error}\n" + "\n".join(tail))
+        # the line of the step's output that says why (a host not reachable, a package not found...)
+        cause = next((line.strip() for line in tail if _BUILD_CAUSE.search(line)), None)
+        raise SandboxError(f"{where}: building the task's image failed: {error}" + (f" ({cause[:200]})" if cause else "")
+                           + "\n" + "\n".join(tail))
 
 
 class DockerSandbox:
@@ -439,6 +451,11 @@ class DockerSandbox:
         self.image = task.docker_image or cfg.image
         try:
             if build:
+                if task.metadata.get("grading") == "pytest":  # tests run offline: their packages go in the image
+                    scripts = [c for p, c in task.check.hidden_files.items() if p.endswith(".sh")]
+                    reqs = base_images.test_requirements(scripts)
+                    if reqs:
+                        build = {**build, "grader_requirements": reqs}
                 self.image = build_task_image(self._client, task.id, build, cfg, self.engine)
                 if not task.metadata.get("workdir"):  # e.g. inherited from a base the loader cannot read
                     self._workdir = self._image_workdir() or self._workdir
@@ -729,7 +746,8 @@ class DockerSandbox:
             command = check.command
             if self.task.metadata.get("grading") == "pytest":
                 # a family substitute carries pytest for its python3 outside site-packages (base_images)
-                command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={GRADER_DIR}${{PYTHONPATH:+:$PYTHONPATH}};"
+                grader = f"{base_images.GRADER_DEPS_DIR}:{GRADER_DIR}"
+                command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={grader}${{PYTHONPATH:+:$PYTHONPATH}};"
                            f" {command}")
             res = self._run(command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
