@@ -203,12 +203,34 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
     return Segment(text, words, "run")
 
 
-_SYSTEM = ("/usr/", "/etc/", "/var/lib/", "/var/cache/", "/lib/", "/bin/", "/sbin/")
+_CACHES = ("/var/lib/apt/lists", "/var/cache/apt", "/var/cache/debconf", "/var/cache/apk", "/root/.cache/pip")
 
 
 def _system_paths(paths: list[str]) -> bool:
-    """Paths only in the system folders (a package cache's clean-up): read-only and shared here."""
-    return bool(paths) and all(p.startswith(_SYSTEM) for p in paths)
+    """Only a package manager's caches (an image-size clean-up that changes no file a task uses). Any
+    other removal outside the writable folders (``rm -rf .../site-packages/pip`` to break an image on
+    purpose) is run, fails on the read-only root, and so makes the task not gradable."""
+    return bool(paths) and all(p.startswith(_CACHES) for p in paths)
+
+
+# Top-level folders of the image that are the system's (read-only here) or the sandbox's own.
+_NOT_TASK_ROOTS = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp", "sys", "run",
+                   "var", "boot", "", ".", ".."}
+_ABS_PATH = re.compile(r"(?<![\w.$/~-])/([A-Za-z0-9_][A-Za-z0-9_.-]*)")
+
+
+def task_roots(steps: list[dict], workdir: str | None) -> list[str]:
+    """Top-level folders outside the system ones that the Dockerfile's steps create or fill
+    (``/protected``, ``/app`` above a ``/app/site`` work dir): the local sandbox makes each a private
+    writable folder, and a prepared state keeps what the steps put there."""
+    found = set()
+    for step in steps:
+        texts = [step.get("command", ""), step.get("path", "")] + [p[1] for p in step.get("pairs", [])]
+        for text in texts:
+            found.update(m.group(1) for m in _ABS_PATH.finditer(text or ""))
+    if workdir:
+        found.add(workdir.strip("/").split("/")[0])
+    return sorted("/" + f for f in found if f not in _NOT_TASK_ROOTS and "/" + f != workdir)
 
 
 # Interactive terminal tools that images install for the agent's session (the harness records it with
@@ -262,9 +284,12 @@ class Plan:
     """The image's ``ENV`` after the last step, expanded."""
     mapped: list[str] = field(default_factory=list)
     """One line per package step mapped to this machine (for the task's notes)."""
+    roots: list[str] = field(default_factory=list)
+    """Top-level folders the steps use outside the system ones (:func:`task_roots`)."""
 
     def to_json(self) -> dict:
-        return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped}
+        return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
+                "roots": self.roots}
 
 
 def _expand(value: str, env: dict[str, str]) -> str:
@@ -305,7 +330,9 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                         why = (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not installed on "
                                f"this machine: {' '.join(missing)})")
                         break
-                    out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine")
+                    absent = [p for p in seg.detail if p in SESSION_TOOLS and not _host_has_package(p)]
+                    out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
+                        f" except {' '.join(absent)} (terminal session tools, used by no grader)" if absent else ""))
                     text = " true "
                 elif seg.action == "pip":
                     todo = [r for r in seg.detail if not _satisfied(r)]
@@ -326,6 +353,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         # the image's pytest loads the plugins installed with it (e.g. pytest-json-ctrf for --ctrf)
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = ""
     out.env = {k: v for k, v in env.items() if k != "HOME"}
+    out.roots = task_roots(steps, workdir)
     needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or len(out.env) > 1
     return (out if needed else None), None
 
@@ -417,6 +445,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
              for i, (src, _dest) in enumerate(p for s in build["steps"] if s["op"] == "copy_out" for p in s["pairs"])}
     files = {**task.files, **{k: v for k, v in stage.items() if v is not None}}
     meta = {k: task.metadata[k] for k in ("workdir", "writable_paths") if k in task.metadata}
+    meta["writable_paths"] = sorted({*meta.get("writable_paths", ()), *build.get("roots", ())})
     box = Task(id=task.id, kind="terminal", instruction="prepare", files=files, check=Check(kind="script", command="true"),
                metadata=meta | {"env": _site_env(build.get("env") or {}, site)})
     sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
@@ -429,7 +458,8 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
             if step["op"] == "copy_out":
                 for _src, dest in step["pairs"]:
                     q = shlex.quote(dest)
-                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {STAGE_DIR}/{index} {q}")
+                    staged = shlex.quote(f"{sandbox._workdir}/{STAGE_DIR}/{index}")
+                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {staged} {q}")
                     index += 1
                     if res.exit_code != 0:
                         return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
@@ -445,7 +475,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
                 tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
                 what = "timed out" if res.timed_out else f"exit {res.exit_code}"
                 return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
-        _archive_roots(sandbox, timeout_s)
+        _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")])
         work = os.path.join(sandbox.session_dir, "work")
         tar = os.path.join(work, ROOTS_TAR)
         if os.path.isfile(tar) and os.path.getsize(tar) > 0:
@@ -458,16 +488,17 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
     return None
 
 
-def _archive_roots(sandbox, timeout_s: float) -> None:
+def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
     """What the steps wrote outside the work dir, as ``ROOTS_TAR`` in the work dir: every entry under
     :data:`KEEP_ROOTS` except the sandbox's own mounts (toolchains, the interpreter, this state) and
     the folders leading to them."""
     work = sandbox._workdir
+    roots = sorted({*KEEP_ROOTS, *extra_roots})
     listing = sandbox.exec(f"cd / && rm -rf {shlex.quote(work)}/{STAGE_DIR}; awk '{{print $5}}' /proc/self/mountinfo;"
-                           " echo __compactrl_entries__; for d in " + " ".join(shlex.quote(p[1:]) for p in KEEP_ROOTS)
+                           " echo __compactrl_entries__; for d in " + " ".join(shlex.quote(p[1:]) for p in roots)
                            + '; do [ -d "$d" ] && find "$d" -mindepth 1 -xdev; done; true', timeout_s=timeout_s)
     mounts_text, _, entries_text = listing.output.partition("__compactrl_entries__\n")
-    mounts = {m.strip("/") for m in mounts_text.split() if m.startswith("/")} - {p.strip("/") for p in KEEP_ROOTS}
+    mounts = {m.strip("/") for m in mounts_text.split() if m.startswith("/")} - {p.strip("/") for p in roots}
     blocked = {"/".join(m.split("/")[:k]) for m in mounts for k in range(1, m.count("/") + 2)}
     entries = [e for e in entries_text.splitlines() if e and e not in blocked
                and not any(e.startswith(m + "/") for m in mounts)]

@@ -45,7 +45,7 @@ from compactrl.envs.loaders.tb_files import read_limited, task_files
 from compactrl.envs.loaders.tb_local_build import PrepareError, digest_of
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
-from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, read_spec
+from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, _text, read_spec
 from compactrl.envs.sandbox.tb_verdict import REWARD_BEGIN, REWARD_END
 from compactrl.envs.task import Check, Task
 
@@ -154,10 +154,14 @@ def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | No
     if config.grading == "pytest" or script is None:
         return "pytest", None if script is None else "pytest forced by grading='pytest'"
     if config.grading == "auto":
-        needs = _NEEDS_NETWORK.search(script)
-        if needs:
-            name = "run-tests.sh" if spec.version == 1 else "tests/test.sh"
-            return "pytest", f"{name} installs from the network ({needs.group(0)}): pytest run on tests/ instead"
+        # the script and the shell scripts it calls from tests/ (1.x: setup-uv-pytest.sh, run-uv-pytest.sh)
+        scripts = [("run-tests.sh" if spec.version == 1 else "tests/test.sh", script)]
+        scripts += [(f"tests/{rel}", _text(os.path.join(spec.folder, "tests", rel)) or "")
+                    for rel in spec.test_files if rel.endswith(".sh") and rel != "test.sh"]
+        for name, text in scripts:
+            needs = _NEEDS_NETWORK.search(text)
+            if needs:
+                return "pytest", f"{name} installs from the network ({needs.group(0)}): pytest run on tests/ instead"
     return "script", None
 
 
@@ -293,6 +297,7 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     elif plan is not None:
         meta["local_build"] = {"build": plan.to_json()}
         meta["env"] = plan.env
+        meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
 
