@@ -63,25 +63,24 @@ def bench_generate(args, tokenizer) -> dict:
     from compactrl.policies.vllm_policy import VLLMPolicy
 
     model = tiny_moe("glm4_moe", vocab_size=len(tokenizer), seed=0)
-    never = [len(tokenizer) + 7]  # a stop id that cannot be sampled: every row generates all its tokens
+    never = [len(tokenizer) + 7]  # transformers: a stop id that cannot be sampled (the engine: no stop ids)
     hf = TransformersPolicy(model, tokenizer, seed=0, stop_token_ids=never, max_batch_size=64)
     out: dict = {"model": "tiny glm4_moe (default sizes)", "new_tokens": args.new_tokens,
                  "prompt_tokens": args.prompt_tokens, "threads": args.threads, "rows": []}
     with tempfile.TemporaryDirectory() as d:
         before = load()
         t0 = time.perf_counter()
-        pol = VLLMPolicy.from_model(model, tokenizer, d, engine={"threads": args.threads}, seed=0,
-                                    stop_token_ids=never)
+        pol = VLLMPolicy.from_model(model, tokenizer, d, engine={"threads": args.threads}, seed=0)
         out["engine_start_s"] = round(time.perf_counter() - t0, 2)
         out["engine_start_in_engine_s"] = round(float(pol.engine.info["start_s"]), 2)
         out["engine_start_load"] = [before, load()]
         try:
-            pol.generate(prompts_of(2, args.prompt_tokens, 99), 8)  # warm-up
+            pol.generate(prompts_of(2, args.prompt_tokens, 99), 8, stop_token_ids=[])  # warm-up
             hf.generate(prompts_of(2, args.prompt_tokens, 99), 8)
             for batch in (1, 8, 32):
                 prompts = prompts_of(batch, args.prompt_tokens, batch)
                 row = {"batch": batch, "load_before": load()}
-                for name, fn in (("engine", lambda p=prompts: pol.generate(p, args.new_tokens)),
+                for name, fn in (("engine", lambda p=prompts: pol.generate(p, args.new_tokens, stop_token_ids=[])),
                                  ("transformers", lambda p=prompts: hf.generate(p, args.new_tokens))):
                     times, tokens = [], 0
                     for _ in range(args.repeats):

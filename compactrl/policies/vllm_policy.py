@@ -435,16 +435,17 @@ class VLLMPolicy:
         """Send a Hugging Face model's current weights (bucketed) and make them the engine's ``version``."""
         version = self.version + 1 if version is None else int(version)
         t0 = time.perf_counter()
-        sent = nbytes = 0
+        sent = nbytes = nbuckets = 0
         with torch.no_grad():
             for bucket in buckets(checkpoint_weights(model), self.sync_bucket_bytes):
                 self.engine.call("stage", tensors=list(wire.named_tensors(bucket)))
-                sent += len(bucket)
+                sent, nbuckets = sent + len(bucket), nbuckets + 1
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
         t_send = time.perf_counter() - t0
         answer = self.engine.call("commit", version=version, repack_experts=repack_experts)
         self.version = int(answer["version"])
         return {"engine/sync_version": float(self.version), "engine/sync_tensors": float(sent),
+                "engine/sync_buckets": float(nbuckets),
                 "engine/sync_mb": nbytes / 1e6, "engine/sync_send_s": t_send,
                 "engine/sync_load_s": float(answer["load_s"]), "engine/sync_s": time.perf_counter() - t0}
 

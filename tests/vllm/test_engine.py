@@ -82,7 +82,12 @@ def test_sync_of_changed_weights_agrees_again(arch, engines):
         for p in s.model.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
     old = pol.score(pol.probe)
-    row = pol.update_weights(s.model, version=pol.version + 7)
+    pol.sync_bucket_bytes = 1 << 20  # several buckets, staged in the engine and loaded at once
+    try:
+        row = pol.update_weights(s.model, version=pol.version + 7)
+    finally:
+        pol.sync_bucket_bytes = 64 << 20
+    assert row["engine/sync_buckets"] > 1
     assert row["engine/probe_max_abs_dlogp"] < TOL
     assert max_abs_diff(pol.score(pol.probe), old)[0] > 1e-2  # the engine really has new weights
     assert _sampled_gap(pol, s.model, _prompts(4, seed=2)) < TOL
@@ -94,7 +99,7 @@ def test_a_corrupted_engine_is_caught_by_the_post_sync_check(arch, engines):
     s = engines(arch)
     pol = s.policy
     pol.update_weights(s.model)
-    pol.engine.call("perturb", name_part="experts", scale=0.05)  # one expert tensor, in place, in the engine
+    pol.engine.call("perturb", name_part="w2_weight", scale=0.05)  # the routed experts of a layer, in place
     with pytest.raises(SyncCheckError, match=rf"weight sync to version {pol.version}\b.*beyond sync_tolerance"):
         pol.check_sync(s.model)
     pol.update_weights(s.model)  # a fresh sync repairs it
