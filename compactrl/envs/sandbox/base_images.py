@@ -640,12 +640,14 @@ def grader_wheels(python: str, cache_dir: str = CACHE_DIR) -> list[str]:
     # pip evaluates pytest's markers for the running interpreter, not --python-version: name the
     # dependencies that only older Pythons need
     extra = ["exceptiongroup>=1.0.0rc8", "tomli>=1"] if int(python.split(".")[1]) < 11 else []
-    target = os.path.join(cache_dir, "grader-wheels", f"{python}-{pin}")
+    wanted = [pin, "pip", *extra]
+    target = os.path.join(cache_dir, "grader-wheels",
+                          f"{python}-{hashlib.sha256(' '.join(wanted).encode()).hexdigest()[:12]}")
     if not os.path.isfile(os.path.join(target, ".complete")):
         shutil.rmtree(target, ignore_errors=True)
         os.makedirs(target)
         _run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", python,
-              "--implementation", "cp", "--dest", target, pin, "pip", *extra], f"downloading {pin} for Python {python}", timeout=600)
+              "--implementation", "cp", "--dest", target, *wanted], f"downloading {pin} for Python {python}", timeout=600)
         open(os.path.join(target, ".complete"), "w").close()
     return sorted(glob.glob(os.path.join(target, "*.whl")))
 
