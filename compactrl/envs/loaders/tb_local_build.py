@@ -198,8 +198,12 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
     if cmd in _IMAGE_ONLY or (cmd == "git" and sub in _GIT_NETWORK) or (cmd == "cargo" and sub in _CARGO_NETWORK) \
             or (cmd == "go" and sub in _GO_NETWORK):
         return Segment(text, words, "image", f"{cmd} {sub}".strip())
-    if cmd in _NOOP or (cmd == "rm" and _system_paths([w for w in rest if not w.startswith("-")])):
+    targets = [w for w in rest if not w.startswith("-")]
+    if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
+    if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS for t in targets):
+        # `rm -rf` of a system file that this machine lacks "succeeds" and changes nothing here
+        return Segment(text, words, "image", "removes system files: the effect exists only in the image")
     return Segment(text, words, "run")
 
 
@@ -300,11 +304,28 @@ def _expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))", sub, value)
 
 
+def solution_requirements(script: str | None) -> list[str]:
+    """What a reference solution ``pip install``s (the harness's containers have the network, the local
+    sandbox has none): those requirements are installed at prepare time instead."""
+    reqs: list[str] = []
+    for line in (script or "").splitlines():
+        for text, _sep in split_segments(line):
+            seg = classify(text, {}, "")
+            if seg.action == "pip":
+                reqs += [r for r in seg.detail if r not in reqs]
+    return reqs
+
+
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
-         digest: str) -> tuple[Plan | None, str | None]:
+         digest: str, solution_pip: list[str] | tuple[str, ...] = ()) -> tuple[Plan | None, str | None]:
     """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``."""
     env: dict[str, str] = {"PATH": BASE_PATH, "HOME": "/root"}
     out = Plan(key=digest)
+    todo = [r for r in solution_pip if not _satisfied(r)]
+    if todo:
+        out.pip += todo
+        out.mapped.append(f"the reference solution's pip install {' '.join(todo)}: into the task's site folder at "
+                          "prepare time (the sandbox has no network)")
     root = (workdir or "").rstrip("/") + "/"
     for step in steps:
         op = step["op"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactrl.envs.loaders.tb_files import read_limited, task_files
-from compactrl.envs.loaders.tb_local_build import PrepareError, digest_of
+from compactrl.envs.loaders.tb_local_build import PrepareError, digest_of, solution_requirements
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
 from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, _text, read_spec
@@ -282,7 +282,8 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     plan, why = None, None
     if spec.dockerfile:
         digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
-        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest)
+        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest,
+                               solution_requirements(meta.get("solution_sh")))
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
