@@ -330,6 +330,17 @@ def task_image_tag(task_id: str, digest: str) -> str:
     return f"compactrl-task/{slug}:{digest[:24]}"
 
 
+def task_build(task: Task) -> dict:
+    """What :func:`build_task_image` builds for ``task``: its ``metadata["image_build"]`` and, for a task
+    graded with pytest (its tests run offline), the packages its test scripts install at test time."""
+    build = dict(task.metadata["image_build"])
+    if task.metadata.get("grading") == "pytest":
+        reqs = base_images.test_requirements([c for p, c in task.check.hidden_files.items() if p.endswith(".sh")])
+        if reqs:
+            build["grader_requirements"] = reqs
+    return build
+
+
 def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig, engine: str | None = None) -> str:
     """Tag of the task's image, built from ``build = {"context": DIR, "dockerfile": PATH}`` unless an
     image with the same content digest (context files and modes, Dockerfile, base image ids) exists."""
@@ -451,12 +462,7 @@ class DockerSandbox:
         self.image = task.docker_image or cfg.image
         try:
             if build:
-                if task.metadata.get("grading") == "pytest":  # tests run offline: their packages go in the image
-                    scripts = [c for p, c in task.check.hidden_files.items() if p.endswith(".sh")]
-                    reqs = base_images.test_requirements(scripts)
-                    if reqs:
-                        build = {**build, "grader_requirements": reqs}
-                self.image = build_task_image(self._client, task.id, build, cfg, self.engine)
+                self.image = build_task_image(self._client, task.id, task_build(task), cfg, self.engine)
                 if not task.metadata.get("workdir"):  # e.g. inherited from a base the loader cannot read
                     self._workdir = self._image_workdir() or self._workdir
             else:
