@@ -51,6 +51,10 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--logs-dir", default=None, help="where each run's test log goes (default: ENVS_ROOT/run-logs)")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows already in OUT's JSON and run only the others (e.g. as preparation goes on)")
+    p.add_argument("--export-logs", default=None, metavar="DIR",
+                   help="copy the gold and no-op logs under --export-max-bytes of the rows done to DIR, with "
+                        "cases.json (the parity test's fixtures: tests/fixtures/swebench/real_logs)")
+    p.add_argument("--export-max-bytes", type=int, default=40_000)
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -78,6 +82,31 @@ def _run(task, policy, logs_dir: str, name: str) -> dict:
             "sandbox_error": record.get("sandbox_error"), "oracle": ref["resolved"], "oracle_status": ref["status"],
             "ours_on_log": mine, "parity": mine == ref["resolved"] == bool(record["success"]), "log": path,
             "tail": _reason(info, record)}
+
+
+def export_logs(folder: str, results: list[dict], rows_by_id: dict, max_bytes: int) -> None:
+    """Small real logs and what both graders must say of them, for tests/loaders/test_swebench_parity.py."""
+    os.makedirs(folder, exist_ok=True)
+    cases = []
+    for r in results:
+        if "gold" not in r or not r["ok"] or not (r["gold"]["parity"] and r["noop"]["parity"]):
+            continue
+        runs = {name: r[name] for name in ("gold", "noop")}
+        if any(os.path.getsize(v["log"]) > max_bytes for v in runs.values()):
+            continue
+        row = rows_by_id[r["id"]]
+        for name, run in runs.items():
+            with open(run["log"], encoding="utf-8") as fh:
+                log = fh.read().replace("\ufffd[", "\x1b[")
+            target = f"{r['id']}.{name}.log"
+            with open(os.path.join(folder, target), "w", encoding="utf-8") as fh:
+                fh.write(log)
+            cases.append({"instance_id": r["id"], "repo": row["repo"], "run": name, "log": target,
+                          "exit_code": run["exit_code"],
+                          **{k: json.loads(row[k]) if isinstance(row[k], str) else row[k]
+                             for k in ("FAIL_TO_PASS", "PASS_TO_PASS")}})
+    with open(os.path.join(folder, "cases.json"), "w", encoding="utf-8") as fh:
+        json.dump(cases, fh, indent=1)
 
 
 def _parity(run: dict, row: dict) -> None:
@@ -137,10 +166,14 @@ def main() -> int:
         for name in ("gold", "noop"):
             if name in r:
                 _parity(r[name], rows_by_id[r["id"]])
+    if args.export_logs:
+        export_logs(args.export_logs, results, rows_by_id, args.export_max_bytes)
+        return 0
     done = {r["id"] for r in results}
     ready = [i for i in ids if i in prepared and i not in done]
     tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path),
                           instance_ids=ready) if ready else []
+    tasks.sort(key=lambda t: ids.index(t.id))  # in --instance-ids order (e.g. one row per repository first)
     for task in tasks:
         rec = prepared[task.id]
         base = {"id": task.id, "set": ("Lite" if task.id in lite else "Verified") if lite else "?",

@@ -296,3 +296,50 @@ def test_a_step_past_its_time_limit_is_killed_and_named(tmp_path, repo) -> None:
     why = sp.prepare(rows, config).failed["runner-dev__runner-1"]
     assert time.monotonic() - start < 25
     assert "pre_install/install" in why and "step limit of 2 s" in why and "--step-timeout" in why
+
+
+def test_the_harness_eval_commands_become_pre_test_exports() -> None:
+    kept, notes = sp.pre_test(["sed -i '/en_US.UTF-8/s/^# //g' /etc/locale.gen && locale-gen",
+                               "export LANG=en_US.UTF-8", "export PYTHONIOENCODING=utf8"], locales=["C.utf8"])
+    assert kept == ["export LANG=C.UTF-8", "export PYTHONIOENCODING=utf8"]
+    assert notes[0].startswith("left out (acts on the system): sed -i") and "en_US.UTF-8 is not installed" in notes[1]
+    assert sp.pre_test(["export LANG=en_US.UTF-8"], locales=["en_US.utf8"])[0] == ["export LANG=en_US.UTF-8"]
+
+
+def test_a_conda_environment_yml_becomes_pip_requirements(tmp_path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "environment.yml").write_text(
+        "name: dev\ndependencies:\n  - python=3.9\n  - numpy=1.21\n  - pytables>=3.6\n  - gtk4\n  - pytest\n"
+        "  - conda-forge::cftime\n  - pip\n  - pip:\n    - pikepdf\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "env")
+    skipped: list[str] = []
+    lines = sp.environment_yml_requirements(str(repo), "HEAD", ["ci/environment.yml", "environment.yml"], "row", skipped)
+    assert lines == ["numpy==1.21", "tables>=3.6", "pytest", "cftime", "pikepdf"]
+    assert skipped == ["python=3.9", "gtk4", "pip"]
+    with pytest.raises(sp.PrepareError, match=r"row: packages: none of \['nope.yml'\]"):
+        sp.environment_yml_requirements(str(repo), "HEAD", ["nope.yml"], "row", [])
+
+
+def test_rows_that_cannot_be_graded_here_are_flagged_with_the_reason(tmp_path, repo) -> None:
+    from compactrl.envs.loaders.swebench import network_reason
+
+    why = network_reason("psf/requests", ["test_requests.py::TestTimeout::test_connect_timeout"])
+    assert why.startswith("needs network at test time: test_requests.py::TestTimeout::test_connect_timeout")
+    assert network_reason("psf/requests", ["test_requests.py::test_basic"]) is None
+    assert sp._apt_packages("apt-get -y update && DEBIAN_FRONTEND=noninteractive apt-get install -y foo-missing-pkg bar") \
+        == ["foo-missing-pkg", "bar"]
+    root, commit = repo
+    tree = tmp_path / "tree"
+    _git(os.path.join(root, REPO.replace("/", "__")), "worktree", "add", "--detach", str(tree), commit)
+    row = _row(commit)
+    why = sp.not_gradable(row, {"install": "pip install -e ."}, ["apt-get install -y compactrl-no-such-package"], str(tree))
+    assert why.startswith("needs its image: apt-get install -y compactrl-no-such-package")
+    assert sp.not_gradable(row, {"install": "pip install -e ."}, [], str(tree)) is None
+    (tree / "calc" / "_speedups.so").write_bytes(b"\x7fELF")  # an extension the install built in place
+    (tree / ".gitignore").write_text("calc/_built.txt\n*.so\n")
+    compiled = {**row, "patch": row["patch"].replace("calc/__init__.py", "calc/_speedups.pyx")}
+    why = sp.not_gradable(compiled, {"install": "pip install -e ."}, [], str(tree))
+    assert "changes compiled sources (calc/_speedups.pyx)" in why
