@@ -343,3 +343,12 @@ def test_rows_that_cannot_be_graded_here_are_flagged_with_the_reason(tmp_path, r
     compiled = {**row, "patch": row["patch"].replace("calc/__init__.py", "calc/_speedups.pyx")}
     why = sp.not_gradable(compiled, {"install": "pip install -e ."}, [], str(tree))
     assert "changes compiled sources (calc/_speedups.pyx)" in why
+
+
+def test_setup_lines_that_act_on_the_machine_are_left_out() -> None:
+    for line in ("echo 'en_US UTF-8' > /etc/locale.gen", "locale-gen en_US.UTF-8", "sudo make install",
+                 "apt-get update && apt-get install -y locales", "sed -i 's/^# //' /etc/locale.gen && locale-gen"):
+        assert sp.on_system(line), line
+    for line in ("sed -i 's/pytest/pytest -rA/' tox.ini", "python -m pip install -e .", "echo x > build/y",
+                 'mkdir -p "$QHULL_BUILD_DIR"'):
+        assert not sp.on_system(line), line

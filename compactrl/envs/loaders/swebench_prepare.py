@@ -51,8 +51,17 @@ STAMP = ".compactrl-prepared.json"
 """Written last into a finished venv or work tree; its absence means "build again"."""
 SANDBOX_WORKDIR = "/workspace"
 """Where the local sandbox puts the repository (``LocalSandboxConfig.workdir``)."""
-SKIPPED_PREFIXES = ("apt-get", "apt ", "sudo apt")
-"""``pre_install`` commands for the system package manager: a venv cannot hold them (recorded)."""
+SKIPPED_PREFIXES = ("apt-get", "apt ", "sudo ", "locale-gen", "dpkg", "update-locale")
+"""``pre_install`` commands on the system (its package manager, its locales): a venv cannot hold
+them, and prepare must not change the machine it runs on (recorded, see :func:`on_system`)."""
+_SYSTEM_WRITE = re.compile(r"(>>?|\bsed\s+-i\b[^|;&]*|\b(cp|mv|tee|ln|rm)\b[^|;&]*)\s+['\"]?/(etc|usr|var|lib|bin|sbin|opt|root)/")
+
+
+def on_system(command: str) -> bool:
+    """Whether a setup line acts on the machine rather than the work tree: the system package
+    manager, locale generation, or a write to a system folder (``echo ... > /etc/locale.gen``)."""
+    text = command.strip()
+    return text.startswith(SKIPPED_PREFIXES) or bool(_SYSTEM_WRITE.search(text))
 GENERATED_SKIP = ("__pycache__/", "build/", ".eggs/", ".tox/", STAMP)
 """Untracked paths an install leaves that are not part of the installed tree."""
 PYTHON_MINORS = [f"3.{m}" for m in range(5, 15)]
@@ -526,11 +535,12 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
                               "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python"),
                               "log": log_path}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
-        (record["skipped"] if command.strip().startswith(SKIPPED_PREFIXES) else record["commands"]).append(command)
+        (record["skipped"] if on_system(command) else record["commands"]).append(command)
     if record["commands"]:
         if progress:
             progress(f"{where}: install step (log: {log_path})")
-        script = "set -euxo pipefail\n" + "\n".join(record["commands"]) + "\n"
+        # the harness's repository is /testbed: here it is the work tree
+        script = "set -euxo pipefail\n" + "\n".join(c.replace("/testbed", dest) for c in record["commands"]) + "\n"
         _run(["bash", "-c", script], dest, venv, config.command_timeout_s, f"{where}: pre_install/install", log_path,
              progress)
     record["relocated"] = relocate_install(venv, dest, config.workdir)
