@@ -56,19 +56,22 @@ def _base(task) -> str:
 def _episode(task, policy, backend: str, kwargs: dict) -> dict:
     started = time.monotonic()
     rec = run_task(task, policy, backend, sandbox_kwargs=kwargs)
+    info = rec.get("info") or {}
     return {"success": bool(rec["success"]), "seconds": round(time.monotonic() - started, 1),
-            "sandbox_error": rec.get("sandbox_error"), "summary": (rec.get("info") or {}).get("test_summary", "")[:600]}
+            "sandbox_error": rec.get("sandbox_error"), "summary": info.get("test_summary", "")[:600],
+            "exit_code": info.get("test_exit_code"), "timed_out": bool(info.get("test_timed_out")),
+            "log_tail": "\n".join(info.get("test_log_tail", "").splitlines()[-6:])}
 
 
 def run_docker(task, client) -> dict:
     from compactrl.envs.sandbox.base import SandboxError
-    from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image
+    from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image, task_build
 
     kwargs: dict = {}  # bases the engine lacks: their family substitutes (base_families=True)
     out: dict = {"base": _base(task)}
     started = time.monotonic()
     try:
-        out["image"] = build_task_image(client, task.id, task.metadata["image_build"], DockerSandboxConfig(**kwargs))
+        out["image"] = build_task_image(client, task.id, task_build(task), DockerSandboxConfig(**kwargs))
     except SandboxError as e:
         out.update(build_s=round(time.monotonic() - started, 1), error=str(e).splitlines()[0][:400])
         return out
@@ -80,13 +83,119 @@ def run_docker(task, client) -> dict:
 
 
 def run_local(folder: str) -> dict:
-    # the local python has no pytest plugins the images install (e.g. pytest-json-ctrf for --ctrf):
-    # 2.x tasks are graded there with pytest on tests/, which is what their test.sh runs
-    task = load_task_dir(folder)
-    grading = "pytest" if task.metadata["terminal_bench"]["version"] == 2 else "auto"
-    task = load_task_dir(folder, TerminalBenchConfig(grading=grading))
-    return {"grading": task.metadata["grading"], "gold": _episode(task, GoldPolicy(), "local", {}),
-            "noop": _episode(task, NoopPolicy(), "local", {})}
+    """Load with the local backend's view (the Dockerfile replayed and cached, what cannot be replayed
+    flagged before any episode), then gold and noop with each verdict's evidence."""
+    started = time.monotonic()
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
+    meta = task.metadata
+    out: dict = {"grading": meta["grading"], "check": task.check.kind, "prepare_s": round(time.monotonic() - started, 1),
+                 "notes": [*meta.get("local_notes", ()), *filter(None, [meta.get("grading_note")])]}
+    if meta.get("not_gradable"):
+        out["not_gradable"] = meta["not_gradable"]
+        return out
+    for name, policy in (("gold", GoldPolicy()), ("noop", NoopPolicy())):
+        out[name] = _local_episode(task, policy)
+    return out
+
+
+def _local_episode(task, policy) -> dict:
+    from compactrl.envs.sandbox.tb_verdict import reward_blocks
+
+    started = time.monotonic()
+    rec = run_task(task, policy, "local")
+    info = rec.get("info") or {}
+    output = info.get("test_output", "")
+    ep = {"success": bool(rec["success"]), "seconds": round(time.monotonic() - started, 1),
+          "sandbox_error": rec.get("sandbox_error"), "exit_code": info.get("test_exit_code"),
+          "timed_out": bool(info.get("test_timed_out")), "limit_hit": info.get("test_limit_hit"),
+          "summary": info.get("test_summary", "")[:600], "log_tail": "\n".join(info.get("test_log_tail", "").splitlines()[-6:])}
+    if task.check.kind == "tbench":  # what the official grader is given, for the parity column
+        ep["oracle_case"] = {"kind": "tbench", "output": output, "timed_out": ep["timed_out"]}
+    elif task.check.kind == "harbor":
+        ep["oracle_case"] = {"kind": "harbor", "files": reward_blocks(output), "timed_out": ep["timed_out"]}
+    return ep
+
+
+def official_verdicts(rows: list[dict], python: str) -> None:
+    """Each local episode's verdict from the official grader (terminal-bench / Harbor) on the same output."""
+    import subprocess
+
+    cases = []
+    for r in rows:
+        for name in ("gold", "noop"):
+            ep = (r.get("local") or {}).get(name) or {}
+            if "oracle_case" in ep:
+                cases.append({"id": f"{len(cases)}", **ep["oracle_case"]})
+                ep["_oracle_id"] = cases[-1]["id"]
+    if not cases or not python:
+        return
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "terminal_bench_oracle.py")
+    res = subprocess.run([python, script], input="".join(json.dumps(c) + "\n" for c in cases), capture_output=True,
+                         text=True, timeout=1800)
+    if res.returncode != 0:
+        print(f"official graders unavailable: {res.stderr.strip()[-500:]}", flush=True)
+        return
+    got = {v["id"]: v for v in map(json.loads, res.stdout.splitlines())}
+    for r in rows:
+        for name in ("gold", "noop"):
+            ep = (r.get("local") or {}).get(name) or {}
+            if "_oracle_id" in ep:
+                ep["official"] = got[ep.pop("_oracle_id")]
+                ep["official_agrees"] = ep["official"]["resolved"] == ep["success"]
+
+
+def _local_cell(loc: dict | None, key: str) -> str:
+    if not loc:
+        return "-"
+    if loc.get("not_gradable"):
+        return "not gradable"
+    ep = loc[key]
+    mark = "pass" if ep["success"] else ("error" if ep["sandbox_error"] else "fail")
+    extra = [f"exit {ep['exit_code']}"] if ep.get("exit_code") not in (None, 0) else []
+    extra += ["timed out"] if ep.get("timed_out") else []
+    extra += [f"limit: {ep['limit_hit']}"] if ep.get("limit_hit") else []
+    return f"{mark} ({ep['seconds']} s{', ' + ', '.join(extra) if extra else ''})"
+
+
+def _parity(loc: dict | None) -> str:
+    if not loc or loc.get("not_gradable"):
+        return "-"
+    marks = [("same" if loc[k]["official_agrees"] else "DIFFERENT") if "official_agrees" in loc[k] else "n/a"
+             for k in ("gold", "noop")]
+    return " / ".join(marks)
+
+
+def local_table(rows: list[dict]) -> str:
+    """The local backend's table: verdicts, the official graders' verdicts on the same outputs, and each
+    exception with its reason."""
+    lines = ["| task | format | grading | prepare s | local gold | local noop | official grader (gold / noop) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        loc = r.get("local")
+        if not loc:
+            continue
+        lines.append(f"| {r['task']} | {r['format']} | {loc['check']} ({loc['grading']}) | {loc['prepare_s']} | "
+                     f"{_local_cell(loc, 'gold')} | {_local_cell(loc, 'noop')} | {_parity(loc)} |")
+    local = [r for r in rows if r.get("local")]
+    right = [r for r in local if not r["local"].get("not_gradable") and r["local"]["gold"]["success"]
+             and not r["local"]["noop"]["success"]]
+    noop_s = sorted(r["local"]["noop"]["seconds"] for r in local if not r["local"].get("not_gradable"))
+    agree = [ep.get("official_agrees") for r in local for ep in (r["local"].get("gold"), r["local"].get("noop"))
+             if ep and "official_agrees" in ep]
+    lines += ["", f"Gold passes and noop fails on {len(right)} of {len(local)} tasks"
+              f" ({sum(1 for r in local if r['local'].get('not_gradable'))} flagged not gradable before any episode);"
+              f" median noop {noop_s[len(noop_s) // 2] if noop_s else '-'} s;"
+              f" official graders agree on {sum(agree)} of {len(agree)} verdicts.", ""]
+    for r in local:
+        loc = r["local"]
+        if loc.get("not_gradable"):
+            lines.append(f"* {r['task']}: not gradable: {loc['not_gradable']}")
+        elif not loc["gold"]["success"] or loc["noop"]["success"]:
+            bad = loc["gold"] if not loc["gold"]["success"] else loc["noop"]
+            which = "gold failed" if not loc["gold"]["success"] else "noop passed"
+            why = bad.get("sandbox_error") or bad.get("limit_hit") or bad["log_tail"].replace("\n", " | ")[-300:]
+            lines.append(f"* {r['task']}: {which}: {why}")
+    return "\n".join(lines) + "\n"
 
 
 def _cell(res: dict | None, key: str) -> str:
@@ -106,12 +215,33 @@ def table(rows: list[dict]) -> str:
         d, loc = r.get("docker"), r.get("local")
         lines.append(f"| {r['task']} | {r['format']} | {d['base'] if d else '-'} | "
                      f"{d.get('build_s', '-') if d else '-'} | {_cell(d, 'gold')} | {_cell(d, 'noop')} | "
-                     f"{_cell(loc, 'gold')} | {_cell(loc, 'noop')} | "
+                     f"{_local_cell(loc, 'gold')} | {_local_cell(loc, 'noop')} | "
                      f"{(d or {}).get('grading', '-')} / {(loc or {}).get('grading', '-')} |")
-    notes = [f"* {r['task']}: docker: {r['docker']['error']}" for r in rows if "error" in (r.get("docker") or {})]
-    notes += [f"* {r['task']}: local gold failed: {r['local']['gold']['summary'].splitlines()[-1]}"
-              for r in rows if r.get("local") and not r["local"]["gold"]["success"]]
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+    docker_rows = [r for r in rows if r.get("docker")]
+    built = [r for r in docker_rows if "error" not in r["docker"]]
+    right = [r for r in built if r["docker"]["gold"]["success"] and not r["docker"]["noop"]["success"]]
+    both = [r for r in built if r.get("local") and not r["local"].get("not_gradable")]
+    same = [r for r in both if all(r["docker"][k]["success"] == r["local"][k]["success"] for k in ("gold", "noop"))]
+    lines += ["", f"Docker: {len(built)} of {len(docker_rows)} tasks built in their own images on family substitutes;"
+              f" gold passes and noop fails on {len(right)};"
+              + (f" the same gold and noop verdicts as the local backend on {len(same)} of the {len(both)} tasks both graded."
+                 if both else ""), ""]
+    notes = [f"* {r['task']}: docker: not built: {r['docker']['error']}" for r in docker_rows if "error" in r["docker"]]
+    for r in built:
+        d = r["docker"]
+        if not d["gold"]["success"] or d["noop"]["success"]:
+            bad, which = (d["gold"], "gold failed") if not d["gold"]["success"] else (d["noop"], "noop passed")
+            why = bad.get("sandbox_error") or (bad.get("log_tail") or bad["summary"]).replace("\n", " | ")[-300:]
+            notes.append(f"* {r['task']}: docker: {which}: {why}")
+    for r in both:
+        if r not in same:
+            notes.append(f"* {r['task']}: docker and local verdicts differ (gold {d_l(r, 'gold')}, noop {d_l(r, 'noop')})")
+    return "\n".join(lines + notes) + "\n"
+
+
+def d_l(r: dict, key: str) -> str:
+    """``docker/local`` verdicts of one policy."""
+    return "/".join("pass" if r[b][key]["success"] else "fail" for b in ("docker", "local"))
 
 
 def main() -> None:
@@ -122,7 +252,14 @@ def main() -> None:
     parser.add_argument("--tasks-file", default="", help="JSON list of {path, format, source_repo, commit} "
                         "(benchmarks/data/terminal_bench_real.tasks.json) instead of TASKS")
     parser.add_argument("--out", default="benchmarks/results/terminal_bench_real")
+    parser.add_argument("--compare-local", default="", help="OUT.json of an earlier --backends local run: its local "
+                        "records fill the local columns, so a docker-only run is compared with them")
+    parser.add_argument("--oracle-python", default=os.environ.get("COMPACTRL_TB_ORACLE_PYTHON", ""),
+                        help="interpreter with terminal-bench and harbor installed: the official graders' verdicts "
+                             "on the local outputs (benchmarks/terminal_bench_oracle.py)")
     args = parser.parse_args()
+    load_before = os.getloadavg()
+    started = time.monotonic()
     backends = args.backends.split(",")
     client = None
     if "docker" in backends:
@@ -133,6 +270,10 @@ def main() -> None:
     if args.tasks_file:
         with open(args.tasks_file) as fh:
             tasks = [(e["path"], f"{e['source_repo']}@{e['commit'][:8]} ({e['format']})") for e in json.load(fh)]
+    earlier = {}
+    if args.compare_local:
+        with open(args.compare_local) as fh:
+            earlier = {r["task"]: r["local"] for r in json.load(fh) if r.get("local")}
     rows = []
     for rel, source in tasks:
         if args.only and rel not in args.only.split(","):
@@ -144,13 +285,26 @@ def main() -> None:
             row["docker"] = run_docker(task, client)
         if "local" in backends:
             row["local"] = run_local(folder)
+        elif earlier.get(rel):
+            row["local"] = earlier[rel]
         rows.append(row)
         print(json.dumps(row), flush=True)
+    official_verdicts(rows, args.oracle_python)
+    for r in rows:  # the outputs went to the graders; the records keep the verdicts
+        for ep in ((r.get("local") or {}).get("gold"), (r.get("local") or {}).get("noop")):
+            if ep:
+                ep.pop("oracle_case", None)
+    import sys
+
+    header = (f"Command: `python benchmarks/terminal_bench_real.py {' '.join(sys.argv[1:])}`; "
+              f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} at the start and {os.getloadavg()[0]:.1f} at "
+              f"the end; {time.monotonic() - started:.0f} s in all.\n\n")
+    text = header + (table(rows) + "\n" if client is not None else "") + local_table(rows)
     with open(args.out + ".json", "w") as fh:
         json.dump(rows, fh, indent=1)
     with open(args.out + ".md", "w") as fh:
-        fh.write(table(rows))
-    print(table(rows))
+        fh.write(text)
+    print(text)
 
 
 if __name__ == "__main__":

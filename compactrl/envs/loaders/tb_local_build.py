@@ -403,12 +403,18 @@ class PrepareError(RuntimeError):
     """A Dockerfile step failed locally; the message is the task's not_gradable reason."""
 
 
+STATE_VERSION = 3
+"""Bumped when how a state is built changes, so no state (nor a failure) of an older build is reused."""
+
+
 def state_dir(task_id: str, build: dict, cache: str | None = None) -> str:
+    """``<cache>/<task id>-<key>``: the key covers the Dockerfile, the context, the interpreter and the plan."""
+    plan_digest = hashlib.sha256(json.dumps([STATE_VERSION, build], sort_keys=True).encode()).hexdigest()[:8]
     return os.path.join(cache or os.environ.get("COMPACTRL_TB_LOCAL_CACHE") or DEFAULT_CACHE,
-                        f"{task_id}-{build['key']}")
+                        f"{task_id}-{build['key']}{plan_digest}")
 
 
-def prepare(task, cache: str | None = None, *, allow_download: bool = True, timeout_s: float = 1800.0,
+def prepare(task, cache: str | None = None, *, allow_download: bool = True, timeout_s: float = 900.0,
             sandbox_options: dict | None = None) -> str:
     """The task's prepared state folder (built now if absent). Raises :class:`PrepareError`."""
     entry = task.metadata["local_build"]
@@ -453,8 +459,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
     site = os.path.join(out, "site")
     if build.get("pip"):
         os.makedirs(site)
+        # wheels only: a requirement with none for this interpreter (numpy 1.21 on Python 3.11) is the
+        # image's, not something to compile here for half an hour
         cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
-               "--target", site, *build["pip"]]
+               "--only-binary=:all:", "--target", site, *build["pip"]]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
