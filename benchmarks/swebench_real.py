@@ -55,6 +55,7 @@ def _parse() -> argparse.Namespace:
                    help="copy the gold and no-op logs under --export-max-bytes of the rows done to DIR, with "
                         "cases.json (the parity test's fixtures: tests/fixtures/swebench/real_logs)")
     p.add_argument("--export-max-bytes", type=int, default=40_000)
+    p.add_argument("--redo", default=None, help="comma-separated rows to run again even with --resume")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -159,7 +160,8 @@ def main() -> int:
     if args.resume and os.path.exists(json_path):
         with open(json_path, encoding="utf-8") as fh:
             earlier = json.load(fh)
-        results = [r for r in earlier["results"] if r["id"] in ids]
+        redo = set((args.redo or "").split(","))
+        results = [r for r in earlier["results"] if r["id"] in ids and r["id"] not in redo]
         load_before = tuple(earlier.get("load_before") or load_before)
     rows_by_id = {r["instance_id"]: r for r in rows}
     for r in results:  # parity again from the saved logs (the graders may have changed since)

@@ -352,3 +352,14 @@ def test_setup_lines_that_act_on_the_machine_are_left_out() -> None:
     for line in ("sed -i 's/pytest/pytest -rA/' tox.ini", "python -m pip install -e .", "echo x > build/y",
                  'mkdir -p "$QHULL_BUILD_DIR"'):
         assert not sp.on_system(line), line
+
+
+def test_tox_current_env_runs_the_rows_venv_through_shims(tmp_path) -> None:
+    """tox-current-env keeps existing .tox/NAME/bin/python files; a link to a venv's python (itself a
+    link) would start the base interpreter without the venv."""
+    made = sp.tox_current_env_shims(str(tmp_path), sys.executable, "tox --current-env -epy39 -v --")
+    assert made == [".tox/py39/bin/python", ".tox/py39/bin/python3", f".tox/py39/bin/python{VERSION}"]
+    shim = tmp_path / ".tox" / "py39" / "bin" / "python"
+    out = subprocess.run([str(shim), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
+    assert out.stdout.strip() == sys.prefix  # the venv itself, not its base interpreter
+    assert sp.tox_current_env_shims(str(tmp_path / "x"), sys.executable, "pytest -rA") == []

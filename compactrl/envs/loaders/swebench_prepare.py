@@ -543,12 +543,39 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
         script = "set -euxo pipefail\n" + "\n".join(c.replace("/testbed", dest) for c in record["commands"]) + "\n"
         _run(["bash", "-c", script], dest, venv, config.command_timeout_s, f"{where}: pre_install/install", log_path,
              progress)
+    record["tox_shims"] = tox_current_env_shims(dest, record["python"], spec.get("test_cmd"))
     record["relocated"] = relocate_install(venv, dest, config.workdir)
     record["generated_files"] = generated(dest)
     record["install_s"] = round(time.monotonic() - start, 1)
     _write_stamp(venv, {"from": env["env_dir"], "base_commit": row["base_commit"]})
     _write_stamp(dest, record)
     return {**record, "reused": False}
+
+
+def tox_current_env_shims(tree: str, python: str, test_cmd: str | Sequence[str] | None) -> list[str]:
+    """For a ``tox --current-env -eNAME`` test command: ``.tox/NAME/bin/python{,3,3.X}`` in the work
+    tree as scripts that run the row's venv ``python``. tox-current-env links them to
+    ``sys.executable`` when they are missing; in the harness's conda env that is the env's real
+    interpreter, but a venv's ``bin/python`` is itself a link to the base interpreter, and Python
+    started through a link to that link finds no ``pyvenv.cfg`` and runs without the venv (``No
+    module named pytest``). Existing files are left alone by tox-current-env, so these are used."""
+    cmd = test_cmd if isinstance(test_cmd, str) or test_cmd is None else list(test_cmd)[-1]
+    if not cmd or "tox" not in cmd.split() or "--current-env" not in cmd:
+        return []
+    names = re.findall(r"(?:^|\s)-e\s*([\w.-]+)", cmd) or ["py"]
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    made = []
+    for name in names:
+        bindir = os.path.join(tree, ".tox", name, "bin")
+        os.makedirs(bindir, exist_ok=True)
+        for suffix in ("", version.split(".")[0], version):
+            path = os.path.join(bindir, f"python{suffix}")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(f"#!/bin/sh\nexec {shlex.quote(python)} \"$@\"\n")
+            os.chmod(path, 0o755)
+            made.append(os.path.relpath(path, tree))
+    return made
 
 
 def copy_env(source: str, dest: str) -> None:
