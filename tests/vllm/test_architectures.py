@@ -47,5 +47,5 @@ def test_what_this_cpu_lacks_fails_at_start_naming_it(arch, engine, missing, tok
     from compactrl.policies.tiny_moe import tiny_moe
 
     model = tiny_moe(arch, vocab_size=len(tokenizer), **({"head_dim": 64} if arch == "qwen3_moe" else {}))
-    with pytest.raises(EngineError, match=rf"failed in start: .*{missing}"):
+    with pytest.raises(EngineError, match=rf"(?s)failed in start: .*{missing}"):
         VLLMPolicy.from_model(model, tokenizer, tmp_path / "m", engine=engine)
