@@ -363,6 +363,13 @@ def format_report(report: TestReport) -> str:
     head = f"Tests: {len(report.passed)} passed, {len(report.failed)} failed."
     failed = "".join(f"\nFAILED {t}" for t in report.failed)
     tail = "\nAll tests passed." if report.success and not report.failed else ""
+    if not report.passed and not report.failed:  # no test ids to show: say what the run did instead
+        last = (report.log_tail.strip().splitlines() or [""])[-1].strip()
+        bits = [f"exit code {report.exit_code}"] if report.exit_code is not None else []
+        bits += ["timed out"] if report.timed_out else []
+        bits += [f"limit hit: {report.limit_hit}"] if report.limit_hit else []
+        bits += [last[:300]] if last else []
+        tail += f"\n(no test ids in the output: {'; '.join(bits)})" if bits else ""
     return head + failed + tail
 
 

@@ -94,3 +94,13 @@ def test_same_verdicts_as_the_official_graders() -> None:
                                                                   map(json.loads, res.stdout.splitlines()))}
     ours = {f"{c[0]}:tbench": c[3] for c in TBENCH} | {f"{c[0]}:harbor": c[3] for c in HARBOR}
     assert official == ours
+
+
+def test_a_summary_without_test_ids_says_why() -> None:
+    from compactrl.envs.code_env import format_report
+    from compactrl.envs.sandbox.base import TestReport
+
+    report = TestReport(passed=(), failed=(), output="", success=False, exit_code=0,
+                        log_tail="expected 4, got None\n[verdict: failure: reward.txt: reward=0]")
+    assert format_report(report) == ("Tests: 0 passed, 0 failed.\n(no test ids in the output: exit code 0; "
+                                     "[verdict: failure: reward.txt: reward=0])")
