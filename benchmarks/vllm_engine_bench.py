@@ -163,7 +163,7 @@ def bench_smoke(args) -> dict:
         keys = ("time/iteration_s", "time/collect_s", "time/update_s", "time/weight_sync_s", "engine/sync_s",
                 "engine/probe_s", "time/eval_s")
         split = {k: round(statistics.mean(r.get(k, 0.0) for r in its), 3) for k in keys}
-        mism = {k: max(r[k] for r in its) if "max" in k else round(statistics.mean(r[k] for r in its), 6)
+        mism = {k: max(r[k] for r in its) if "max" in k else statistics.mean(r[k] for r in its)
                 for k in ("mismatch/k3", "mismatch/max_abs_dlogp", "mismatch/mean_abs_dlogp", "mismatch/tokens")}
         probe = {"probe_max_abs_dlogp": max(r["engine/probe_max_abs_dlogp"] for r in rows),
                  "probe_mean_abs_dlogp": round(statistics.mean(r["engine/probe_mean_abs_dlogp"] for r in rows), 6)}
@@ -171,6 +171,35 @@ def bench_smoke(args) -> dict:
                       "iteration_split_s": split, "mismatch": mism, **probe, "iterations": len(its),
                       "load": [before, load()], "summary": proc.stdout.strip().splitlines()[-2]}
         print(f"smoke {dtype}: {json.dumps(out[dtype])}", flush=True)
+    return out
+
+
+def bench_bf16(args, tokenizer) -> dict:
+    """A bf16 engine against the fp32 learner on the default tiny glm4_moe (sharper distributions than
+    the smoke model's): sampled tokens' log-probs at temperature 1, k3 KL(engine || learner)."""
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.policies.vllm_policy import VLLMPolicy, learner_log_probs, max_abs_diff
+
+    model = tiny_moe("glm4_moe", vocab_size=len(tokenizer), seed=0)
+    with torch.no_grad():  # peaked next-token distributions, as a trained model has
+        model.lm_head.weight.mul_(8.0)
+    prompts = prompts_of(16, args.prompt_tokens, 7)
+    with tempfile.TemporaryDirectory() as d:
+        before = load()
+        with VLLMPolicy.from_model(model, tokenizer, d, engine={"threads": args.threads, "dtype": "bfloat16"},
+                                   seed=0) as pol:
+            gens = pol.generate(prompts, args.new_tokens)
+            max_probe, probe = max_abs_diff(pol.score(pol.probe), learner_log_probs(model, pol.probe))
+    ratios = []
+    for p, g in zip(prompts, gens):
+        ref = learner_log_probs(model, [p + g.token_ids])[0][len(p) - 1:]
+        ratios += [b - a for a, b in zip(g.log_probs, ref)]  # log p_learner - log p_engine
+    r = torch.tensor(ratios, dtype=torch.float64)
+    out = {"model": "tiny glm4_moe (default sizes), LM head x8", "tokens": len(ratios),
+           "k3": float((torch.expm1(r) - r).mean()), "max_abs_dlogp": float(r.abs().max()),
+           "mean_abs_dlogp": float(r.abs().mean()), "probe_max_abs_dlogp": max_probe, "probe_mean_abs_dlogp": probe,
+           "load": [before, load()]}
+    print(f"bf16 engine vs fp32 learner: {json.dumps(out)}", flush=True)
     return out
 
 
@@ -222,18 +251,26 @@ def render(res: dict) -> str:
                       f"max |dlogp| {r['mismatch']['mismatch/max_abs_dlogp']:.3g}, mean "
                       f"{r['mismatch']['mismatch/mean_abs_dlogp']:.3g}."]
         lines.append("")
+    b = res.get("bf16")
+    if b:
+        lines += ["## bf16 engine vs fp32 learner, sharper model", "",
+                  f"{b['model']}, 16 prompts x {b['tokens'] // 16 if b['tokens'] >= 16 else b['tokens']} sampled "
+                  f"tokens at temperature 1 ({b['tokens']} tokens), load {b['load']}: k3 KL(engine || learner) "
+                  f"{b['k3']:.3g}, max |dlogp| {b['max_abs_dlogp']:.3g}, mean {b['mean_abs_dlogp']:.3g}; probe max "
+                  f"{b['probe_max_abs_dlogp']:.3g} (mean {b['probe_mean_abs_dlogp']:.3g}).", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="generate,sync,smoke")
+    p.add_argument("--parts", default="generate,sync,smoke,bf16")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--syncs", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS / "vllm_engine_bench"))
+    p.add_argument("--merge", action="store_true", help="keep the other parts of an existing result file")
     args = p.parse_args(argv)
     from compactrl.policies.vllm_policy import engine_env_missing
     from compactrl.tokenizer import load_tokenizer
@@ -245,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer()
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    unknown = set(parts) - {"generate", "sync", "smoke"}
+    unknown = set(parts) - {"generate", "sync", "smoke", "bf16"}
     if unknown:
-        raise ValueError(f"--parts: expected generate, sync, smoke, got {sorted(unknown)}")
+        raise ValueError(f"--parts: expected generate, sync, smoke, bf16, got {sorted(unknown)}")
     res: dict = {"command": "python benchmarks/vllm_engine_bench.py " + " ".join(argv or sys.argv[1:]),
                  "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_start": load(),
                              "python": platform.python_version(), "torch": torch.__version__}}
@@ -261,8 +298,18 @@ def main(argv: list[str] | None = None) -> int:
         res["sync"] = bench_sync(args, tokenizer)
     if "smoke" in parts:
         res["smoke"] = bench_smoke(args)
+    if "bf16" in parts:
+        res["bf16"] = bench_bf16(args, tokenizer)
     res["machine"]["load_end"] = load()
     out = Path(args.out)
+    if args.merge and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        for part in ("generate", "sync", "smoke", "bf16"):
+            if part not in res and part in old:
+                res[part] = old[part]
+        res["command"] = f"{old['command']}; then {res['command']}"
+        res["machine"]["load_start"] = f"{old['machine']['load_start']}; then {res['machine']['load_start']}"
+        res["machine"]["load_end"] = f"{old['machine']['load_end']}; then {res['machine']['load_end']}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
     out.with_suffix(".md").write_text(render(res))
