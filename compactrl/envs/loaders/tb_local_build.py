@@ -199,6 +199,16 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
             or (cmd == "go" and sub in _GO_NETWORK):
         return Segment(text, words, "image", f"{cmd} {sub}".strip())
     targets = [w for w in rest if not w.startswith("-")]
+    if cmd in ("bash", "sh") and targets and targets[0].endswith(".sh"):
+        # a build script from the context: what it runs counts as the step's (its exit status may hide a
+        # failed download, e.g. a `git clone` followed by more commands)
+        script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
+                               files, context) or _context_text(os.path.basename(targets[0]), files, context)
+        for line in (script or "").splitlines():
+            for inner, _sep in split_segments(line.split("#", 1)[0] if line.lstrip().startswith("#") else line):
+                seg = classify(inner, files, context)
+                if seg.action == "image":
+                    return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS for t in targets):
