@@ -13,8 +13,8 @@ task's own Dockerfile on top of it (:func:`substitute_for`, used by
 * what the family promises on top: the **CPython version** of the tag, copied from an interpreter of
   that version on this machine (``pyenv`` or ``uv`` installs, same distribution and libc) into
   ``/usr/local`` as the official ``python`` images have it, else the distribution's python3 (noted);
-  build tools (``gcc``, ``buildpack-deps``), a **Go toolchain** of the tag's line (Debian 12's
-  backports: 1.21, 1.22, 1.23), Node.js, a JDK; the family's
+  build tools (``gcc``, ``buildpack-deps``), a **Go toolchain** of the tag's line (Ubuntu 24.04's
+  builds, 1.21 to 1.26, copied from a build stage), Node.js, a JDK; the family's
   ``WORKDIR`` and environment;
 * this machine's CA bundle, added to the image's trusted certificates (``update-ca-certificates``
   keeps it when a task installs ``ca-certificates``), so a ``pip install`` or ``apt-get`` in the
@@ -314,6 +314,8 @@ class Recipe:
     """How this substitute differs from the base it stands for."""
     grader_python: str | None = None
     """Version of the image's ``python3`` (None: it has none): pytest for it goes to :data:`GRADER_DIR`."""
+    stages: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    """Build stages before the image: ``(root, stage name, steps)``, for ``COPY --from=<stage name>``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,32 +429,62 @@ def _gcc(name: str, tag: str) -> Recipe | None:
                   notes=(f"Debian 12's GCC 12 in place of GCC {m[1]}",) if m[1] != "12" else ())
 
 
-# Go releases in Debian 12's backports (the golang.org downloads and the Go module proxy are not
-# reachable here); a tag asks for one of these minor releases, or the nearest.
-GO_BACKPORTS = ("1.21", "1.22", "1.23")
+# Go lines Ubuntu 24.04 ships (noble and noble-updates: golang-1.X-go); golang.org's downloads and the
+# Go module proxy are not reachable here. A Go toolchain is self-contained: it is copied from an
+# Ubuntu build stage into the Debian 12 image the golang images are.
+GO_LINES = ("1.21", "1.22", "1.23", "1.24", "1.25", "1.26")
 
 
 def _golang(name: str, tag: str) -> Recipe | None:
     m = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+)?(?:-(bookworm|bullseye))?", tag)
     if not m:
         return None
-    minor = min(GO_BACKPORTS, key=lambda v: (abs(int(v.split(".")[1]) - int(m[2])), v))
-    notes = [f"Go {minor} from Debian 12's backports in place of Go {tag.split('-')[0]}"
+    minor = min(GO_LINES, key=lambda v: (abs(int(v.split(".")[1]) - int(m[2])), v))
+    notes = [f"Ubuntu 24.04's Go {minor} build in place of Go {tag.split('-')[0]} (its own patch release)"
              + (" (a go.mod asking for a newer go line fails: no toolchain download)"
                 if int(minor.split(".")[1]) < int(m[2]) else "")]
     if m[3] not in (None, "bookworm"):
         notes.append(f"Debian bookworm in place of {m[3]}")
-    backports = "/etc/apt/sources.list.d/compactrl-backports.sources"
     return Recipe("golang", "debian-bookworm", (
         _ARG, _APT.format(_BUILD_TOOLS),
-        f"RUN printf 'Types: deb\\nURIs: {ROOTS['debian-bookworm'].mirror}\\nSuites: bookworm-backports\\nComponents: main\\n"
-        f"Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\\n' > {backports}"
-        f" && apt-get update && apt-get install -y --no-install-recommends -t bookworm-backports golang-{minor}-go"
-        f" && rm -f {backports} && rm -rf /var/lib/apt/lists/* && ln -s /usr/lib/go-{minor} /usr/local/go"
-        " && /usr/local/go/bin/go version",
+        f"COPY --from=go /usr/lib/go-{minor} /usr/local/go",
+        "RUN /usr/local/go/bin/go version",
         "ENV GOTOOLCHAIN=local GOPATH=/go",
         "ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "RUN mkdir -p /go/src /go/bin && chmod -R 1777 /go", "WORKDIR /go"), notes=tuple(notes))
+        "RUN mkdir -p /go/src /go/bin && chmod -R 1777 /go", "WORKDIR /go"), notes=tuple(notes),
+        stages=(("ubuntu-noble", "go", (_ARG, _APT.format(f"golang-{minor}-go"))),))
+
+
+# Rust lines Ubuntu 24.04's updates ship as rustc-1.X / cargo-1.X (rustup's servers are not reachable).
+RUST_LINES = ("1.77", "1.78", "1.79", "1.80", "1.81", "1.82", "1.83", "1.84", "1.85", "1.89", "1.91", "1.97")
+
+
+def _rust(name: str, tag: str) -> Recipe | None:
+    m = re.fullmatch(r"(1)\.(\d+)(?:\.\d+)?(?:-(?:slim-)?(bookworm|bullseye|slim))?|latest|slim|bookworm", tag)
+    if not m:
+        return None
+    wanted = int(m[2]) if m[2] else 97
+    line = min(RUST_LINES, key=lambda v: (abs(int(v.split(".")[1]) - wanted), v))
+    cargo = "/usr/local/cargo/bin"
+    return Recipe("rust", "ubuntu-noble", (
+        _ARG, _APT.format(f"rustc-{line} cargo-{line} {_BUILD_TOOLS}"),
+        f"RUN mkdir -p {cargo} && ln -s /usr/bin/rustc-{line} {cargo}/rustc && ln -s /usr/bin/cargo-{line} {cargo}/cargo"
+        f" && {cargo}/rustc --version",
+        "ENV CARGO_HOME=/usr/local/cargo RUSTUP_HOME=/usr/local/rustup",
+        f"ENV PATH={cargo}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        notes=(f"Ubuntu 24.04 with its Rust {line} build in place of Debian with rustup's Rust "
+               f"{tag.split('-')[0]} (no rustup; crates.io reachable only if the machine reaches it)",))
+
+
+def _openjdk(name: str, tag: str) -> Recipe | None:
+    m = re.fullmatch(r"(11|17|21)(?:[.\d]*)(?:-jdk)?(?:-(slim|bookworm|bullseye|jammy|slim-bookworm))?", tag)
+    if not m:
+        return None
+    java = f"/usr/lib/jvm/java-{m[1]}-openjdk-amd64"
+    return Recipe("openjdk", "ubuntu-jammy", (
+        _ARG, _APT.format(f"openjdk-{m[1]}-jdk-headless ca-certificates curl"),
+        f"ENV JAVA_HOME={java} LANG=C.UTF-8"),
+        notes=(f"Ubuntu 22.04's OpenJDK {m[1]} in place of the openjdk image's build and distribution",))
 
 
 def _node(name: str, tag: str) -> Recipe | None:
@@ -512,8 +544,8 @@ FAMILIES: tuple[Family, ...] = (
            "Debian 12's GCC 12 whatever N is", _gcc),
     Family("golang", "golang:1.X[.Y][-bookworm] (also public.ecr.aws/docker/library/golang)",
            "Go 1.X.Y in /usr/local/go, GOPATH=/go, GOTOOLCHAIN=local, WORKDIR /go, on buildpack-deps",
-           "Debian 12 backports' Go of the nearest line among 1.21-1.23 (its own patch release; newer lines "
-           "cannot be had: golang.org and the module proxy are not reachable); build tools, not the full -dev set",
+           "Ubuntu 24.04's Go build of the tag's line (1.21-1.26; its own patch release; golang.org and the module "
+           "proxy are not reachable, so no other toolchain and no `go mod download`); build tools, not the full -dev set",
            _golang),
     Family("node", "node:N[-bookworm|-slim|-alpine] (also public.ecr.aws/docker/library/node)",
            "Node.js N with npm", "Debian 12's Node.js 18 and npm 9 whatever N is (nodejs.org is not reachable); "
@@ -521,6 +553,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("eclipse-temurin", "eclipse-temurin:11|17|21[...]-jdk[-jammy|-noble|-focal]",
            "a JDK of that major version in /opt/java/openjdk on Ubuntu", "the distribution's OpenJDK build of the "
            "same major version (JAVA_HOME=/opt/java/openjdk links to it)", _temurin),
+    Family("rust", "rust:1.X[.Y][-slim][-bookworm]", "Rust 1.X with cargo under /usr/local/cargo (rustup) on Debian",
+           "Ubuntu 24.04's rustc-1.X/cargo-1.X build of the nearest line (1.77-1.97) on an Ubuntu root; no rustup",
+           _rust),
+    Family("openjdk", "openjdk:11|17|21[...][-jdk][-slim]", "an OpenJDK of that major version",
+           "Ubuntu 22.04's OpenJDK build of the same major version", _openjdk),
     Family("t-bench/deveval", "ghcr.io/laude-institute/t-bench/deveval:*", "DevEval's toolchains",
            "no substitute: what the image holds is not published with the tasks",
            _none("the image's contents are not published with the tasks")),
@@ -541,9 +578,10 @@ _BY_NAME = {
     "ghcr.io/laude-institute/t-bench/ubuntu-24-04": FAMILIES[1],
     "python": FAMILIES[2], "ubuntu": FAMILIES[3], "debian": FAMILIES[4], "buildpack-deps": FAMILIES[5],
     "gcc": FAMILIES[6], "golang": FAMILIES[7], "node": FAMILIES[8], "eclipse-temurin": FAMILIES[9],
-    "ghcr.io/laude-institute/t-bench/deveval": FAMILIES[10], "alpine": FAMILIES[11],
-    "mcr.microsoft.com/dotnet/sdk": FAMILIES[12], "localstack/localstack": FAMILIES[13],
 }
+_BY_NAME.update({"rust": FAMILIES[10], "openjdk": FAMILIES[11], "ghcr.io/laude-institute/t-bench/deveval": FAMILIES[12],
+                 "alpine": FAMILIES[13], "mcr.microsoft.com/dotnet/sdk": FAMILIES[14],
+                 "localstack/localstack": FAMILIES[15]})
 _REGISTRY_ALIASES = ("docker.io/library/", "docker.io/", "index.docker.io/library/", "registry-1.docker.io/library/",
                      "public.ecr.aws/docker/library/", "library/")
 
@@ -564,7 +602,7 @@ def parse_reference(image: str) -> tuple[str, str]:
 def family_of(image: str) -> Family | None:
     name, _ = parse_reference(image)
     if name.startswith("swebench/sweb.eval."):
-        return FAMILIES[14]
+        return FAMILIES[16]
     return _BY_NAME.get(name)
 
 
@@ -652,17 +690,22 @@ def grader_wheels(python: str, cache_dir: str = CACHE_DIR) -> list[str]:
     return sorted(glob.glob(os.path.join(target, "*.whl")))
 
 
-def _recipe_context(recipe: Recipe, root_name: str, root_id: str) -> tuple[bytes, str]:
+def _recipe_context(recipe: Recipe, root_name: str, root_id: str,
+                    stage_roots: dict[str, tuple[str, str]] | None = None) -> tuple[bytes, str]:
     """The build context (Dockerfile, CA bundle, CPython tree) and the digest naming the substitute
-    (the root's image id included: a root bootstrapped again makes new substitutes)."""
+    (the root's image id included: a root bootstrapped again makes new substitutes). ``stage_roots``:
+    ``{root: (engine name, image id)}`` of the roots its build stages start from."""
+    stage_roots = stage_roots or {}
     grader = []
     if recipe.grader_python:
         grader = ["COPY grader-wheels/ /tmp/grader-wheels/",
                   f"RUN for w in /tmp/grader-wheels/*.whl; do python3 -m zipfile -e \"$w\" {GRADER_DIR} || exit 1; done"
                   f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} -name '*.dist-info' -prune -o -type d -exec chmod 755 {{}} +"
                   f" && PYTHONPATH={GRADER_DIR} python3 -m pytest --version"]
-    dockerfile = "\n".join([f"FROM {root_name}", *_CA_STEPS, *recipe.steps, *grader]) + "\n"
-    digest = hashlib.sha256(f"{root_id}\0{dockerfile}".encode())
+    stages = [line for root, stage, steps in recipe.stages
+              for line in (f"FROM {stage_roots[root][0]} AS {stage}", *_CA_STEPS, *steps)]
+    dockerfile = "\n".join([*stages, f"FROM {root_name}", *_CA_STEPS, *recipe.steps, *grader]) + "\n"
+    digest = hashlib.sha256(f"{root_id}\0{[v[1] for v in stage_roots.values()]}\0{dockerfile}".encode())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(arcname: str, data: bytes, mode: int = 0o644) -> None:
@@ -703,14 +746,17 @@ def substitute_for(client, image: str, *, cache_dir: str = CACHE_DIR, build_time
     """The engine's tag of ``image``'s family substitute (built, with its OS root, if missing) and its
     recipe. :class:`NoSubstitute` when there is none; ``RuntimeError`` when building fails."""
     recipe = recipe_for(image)
-    root = ROOTS[recipe.root]
-    with _locks[root.name]:
-        build_root(client, root, cache_dir)
-    root_image = client.images.get(root.tag)
-    # the engine's own full name (Podman: docker.io/...), so the build asks no registry
-    root_name = next((t for t in root_image.tags if t == root.tag or t.endswith("/" + root.tag)), root.tag)
+    names: dict[str, tuple[str, str]] = {}
+    for key in {recipe.root, *(r for r, _, _ in recipe.stages)}:
+        root = ROOTS[key]
+        with _locks[root.name]:
+            build_root(client, root, cache_dir)
+        root_image = client.images.get(root.tag)
+        # the engine's own full name (Podman: docker.io/...), so the build asks no registry
+        names[key] = (next((t for t in root_image.tags if t == root.tag or t.endswith("/" + root.tag)), root.tag),
+                      root_image.id)
     with _locks[f"{recipe}"]:
-        data, digest = _recipe_context(recipe, root_name, root_image.id)
+        data, digest = _recipe_context(recipe, *names[recipe.root], names)
         tag = substitute_tag(recipe, digest)
         try:
             client.images.get(tag)
