@@ -6,7 +6,7 @@
 # Clones this repository (the commit REV, default HEAD: what is committed, not the working tree)
 # into a new temporary folder, then runs `bash scripts/test.sh` there N times, one after another
 # (the first run also sets the clone up, as a new user's would). For each run it records the start
-# time (UTC), duration, exit status, pytest's summary line and the machine's load: the 1-minute
+# time (UTC), duration, CPU seconds, exit status, pytest's summary lines and the machine's load: the 1-minute
 # load average at the start and the end, and its minimum and maximum sampled every 10 s during
 # the run. It appends
 #   benchmarks/results/test_runs.log   one line per run (machine-readable key=value), plus a header per batch
@@ -66,8 +66,8 @@ load1() { cut -d' ' -f1 /proc/loadavg; }
   echo
   echo "Machine: $MACHINE. Load: the 1-minute load average (start / end, min-max sampled every 10 s)."
   echo
-  echo "| run | started (UTC) | result | duration | pytest summary | load start / end | load min-max |"
-  echo "|---|---|---|---|---|---|---|"
+  echo "| run | started (UTC) | result | duration | CPU (user + sys) | pytest summary | load start / end | load min-max |"
+  echo "|---|---|---|---|---|---|---|---|"
 } >> "$MD"
 
 failed=0
@@ -76,7 +76,10 @@ for ((i = 1; i <= N; i++)); do
   samples="$WORK/load-$STAMP-$i.txt"
   started=$(date -u +%H:%M:%S) t0=$(date +%s) l0=$(load1)
   # a fresh run marker per run (not inherited from a caller's test run)
-  (cd "$CLONE" && exec env -u COMPACTRL_TEST_RUN nice -n "$NICE" "${CMD[@]}") > "$out" 2>&1 &
+  cpu="$WORK/cpu-$STAMP-$i.txt"
+  # CPU seconds (user + system, the command and all its children): what the run costs whatever the load
+  (cd "$CLONE" && exec env -u COMPACTRL_TEST_RUN /usr/bin/time -f "%U %S" -o "$cpu" nice -n "$NICE" "${CMD[@]}") \
+    > "$out" 2>&1 &
   pid=$!
   load1 > "$samples"
   while kill -0 "$pid" 2>/dev/null; do
@@ -93,12 +96,13 @@ for ((i = 1; i <= N; i++)); do
   result=$([[ $rc == 0 ]] && echo pass || echo "FAIL (exit $rc)")
   [[ $rc == 0 ]] || failed=$((failed + 1))
   duration=$(printf '%dm%02ds' $((secs / 60)) $((secs % 60)))
-  echo "run=$i started=$started rc=$rc seconds=$secs load_start=$l0 load_end=$l1 load_range=$range" \
+  cpu_s=$(awk 'NF == 2 && $1 ~ /^[0-9.]+$/ {printf "%.0f", $1 + $2}' "$cpu" 2>/dev/null)
+  echo "run=$i started=$started rc=$rc seconds=$secs cpu_seconds=${cpu_s:-?} load_start=$l0 load_end=$l1 load_range=$range" \
        "summary=\"$summary\" output=$out" >> "$LOG"
-  echo "| $i | $started | $result | $duration | ${summary:-none} | $l0 / $l1 | $range |" >> "$MD"
+  echo "| $i | $started | $result | $duration | ${cpu_s:-?} s | ${summary:-none} | $l0 / $l1 | $range |" >> "$MD"
   echo "repeat_tests: run $i/$N: $result in $duration (load $l0 -> $l1, $range): ${summary:-no pytest summary}" >&2
 done
-echo "| | | **$((N - failed)) of $N green** | | | | |" >> "$MD"
+echo "| | | **$((N - failed)) of $N green** | | | | | |" >> "$MD"
 if [[ $failed == 0 && $KEEP == 0 ]]; then
   rm -rf "$WORK"
   echo "repeat_tests: $N of $N green; clone removed" >&2

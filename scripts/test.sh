@@ -27,7 +27,9 @@ quick() {
   .venv/bin/python scripts/check_class_duplicates.py || return 1
   local entries
   mapfile -t entries < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick.txt | grep -v '^-' | grep .)
-  .venv/bin/python -m pytest -m "not slow and not gpu and not docker" "${entries[@]}" "$@" || return $?
+  # the slowest tests named at the end: what to look at when the quick mode stops being quick
+  .venv/bin/python -m pytest -m "not slow and not gpu and not docker" --durations=10 "${entries[@]}" "$@" \
+    || return $?
   local image=${COMPACTRL_SANDBOX_IMAGE:-compactrl-sandbox:latest}
   if [[ -n "${DOCKER_HOST:-}" ]] || { command -v podman && command -v runc && command -v debootstrap \
        && podman image exists "$image"; } >/dev/null 2>&1; then
