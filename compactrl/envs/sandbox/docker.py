@@ -470,9 +470,10 @@ class DockerSandbox:
             self._create(in_image, built=bool(build))
             # a built image already holds the files, with the modes and edits of its RUN steps
             files = {} if build else {work_rel(p): file_bytes(c) for p, c in task.files.items()}
-            if task.metadata.get("work_tree") and not build:  # modes, symlinks, built files; then the files
+            if task.metadata.get("work_tree") and not build:  # modes, symlinks, built files
                 self._api().put_archive(self.container_id, self._workdir,
                                         _tree_tar(str(task.metadata["work_tree"]), _owner(cfg.user)))
+                files = {}  # the task's files are the tree's text files: a tar of them would reset their modes
             if files:
                 self._put(files)
             res = self._exec_raw(["bash", "--noprofile", "--norc", "-c",
@@ -535,6 +536,10 @@ class DockerSandbox:
             kwargs["cap_drop"] = ["ALL"]
         if cfg.user:
             kwargs["user"] = cfg.user
+        mounts = [m for m in ((self.task.metadata.get("ro_mounts") or ()) if self.task else ())
+                  if isinstance(m, str) and os.path.isabs(m) and os.path.isdir(m)]
+        if mounts:  # a prepared row's environment lives on the host: at the same paths, read-only
+            kwargs["volumes"] = {m: {"bind": m, "mode": "ro"} for m in mounts}
         try:
             container = self._client.containers.create(**kwargs)
             self.container_id = container.id
