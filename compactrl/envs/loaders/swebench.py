@@ -416,6 +416,24 @@ def env_prefix(python: str, harness_env: bool = False) -> str:
     return out
 
 
+def env_mounts(python: str) -> list[str]:
+    """Host folders a prepared environment needs at the same paths (the docker backend mounts them
+    read-only; the local sandbox finds them itself): the venv and its base interpreter's prefix."""
+    if not os.path.isabs(python):
+        return []
+    venv = os.path.dirname(os.path.dirname(python))
+    out = [venv]
+    try:
+        with open(os.path.join(venv, "pyvenv.cfg"), encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition("=")
+                if key.strip() == "home" and value.strip():
+                    out.append(os.path.dirname(os.path.realpath(value.strip())))
+    except OSError:
+        pass
+    return out
+
+
 def _graded_command(python: str, test_command: str, prefix: str = "") -> str:
     """Probe the interpreter (a verdict that says why when it cannot start), run the tests into a
     log, grade the log as SWE-bench does (:mod:`.swebench_grading`), remove the log. The grader
@@ -492,6 +510,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         meta.update(repo_path=os.path.abspath(_checkout_of(row, config, spec)), skipped_files=skipped)
         if prepared:  # the sandbox copies the prepared tree itself: modes, symlinks, binary and built files
             meta["work_tree"] = os.path.abspath(spec["checkout"])
+            meta["ro_mounts"] = env_mounts(python)
         image = None
     meta["python"] = python
     why = spec.get("not_gradable") or network_reason(repo, f2p + p2p)
