@@ -447,12 +447,14 @@ def _golang(name: str, tag: str) -> Recipe | None:
         notes.append(f"Debian bookworm in place of {m[3]}")
     return Recipe("golang", "debian-bookworm", (
         _ARG, _APT.format(_BUILD_TOOLS),
-        f"COPY --from=go /usr/lib/go-{minor} /usr/local/go",
+        "COPY --from=go /opt/go /usr/local/go",
         "RUN /usr/local/go/bin/go version",
         "ENV GOTOOLCHAIN=local GOPATH=/go",
         "ENV PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "RUN mkdir -p /go/src /go/bin && chmod -R 1777 /go", "WORKDIR /go"), notes=tuple(notes),
-        stages=(("ubuntu-noble", "go", (_ARG, _APT.format(f"golang-{minor}-go"))),))
+        # Ubuntu links src/ and other parts to /usr/share/go-1.X: copied dereferenced
+        stages=(("ubuntu-noble", "go", (_ARG, _APT.format(f"golang-{minor}-go"),
+                                        f"RUN cp -rL /usr/lib/go-{minor} /opt/go")),))
 
 
 # Rust lines Ubuntu 24.04's updates ship as rustc-1.X / cargo-1.X (rustup's servers are not reachable).
@@ -705,7 +707,7 @@ def _recipe_context(recipe: Recipe, root_name: str, root_id: str,
     stages = [line for root, stage, steps in recipe.stages
               for line in (f"FROM {stage_roots[root][0]} AS {stage}", *_CA_STEPS, *steps)]
     dockerfile = "\n".join([*stages, f"FROM {root_name}", *_CA_STEPS, *recipe.steps, *grader]) + "\n"
-    digest = hashlib.sha256(f"{root_id}\0{[v[1] for v in stage_roots.values()]}\0{dockerfile}".encode())
+    digest = hashlib.sha256(f"{root_id}\0{sorted(v[1] for v in stage_roots.values())}\0{dockerfile}".encode())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(arcname: str, data: bytes, mode: int = 0o644) -> None:
@@ -747,7 +749,7 @@ def substitute_for(client, image: str, *, cache_dir: str = CACHE_DIR, build_time
     recipe. :class:`NoSubstitute` when there is none; ``RuntimeError`` when building fails."""
     recipe = recipe_for(image)
     names: dict[str, tuple[str, str]] = {}
-    for key in {recipe.root, *(r for r, _, _ in recipe.stages)}:
+    for key in sorted({recipe.root, *(r for r, _, _ in recipe.stages)}):  # sorted: the digest must not vary
         root = ROOTS[key]
         with _locks[root.name]:
             build_root(client, root, cache_dir)
