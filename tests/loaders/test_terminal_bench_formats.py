@@ -192,3 +192,17 @@ def test_an_unreadable_file_makes_one_task_bad_not_the_set(tmp_path) -> None:
     problems: list[str] = []
     assert [t.id for t in load_terminal_bench(root, problems=problems)] == ["good"]
     assert len(problems) == 1 and problems[0].startswith(f"{root}/broken: (files): FileNotFoundError")
+
+
+def test_dockerfile_heredocs(tmp_path) -> None:
+    """BuildKit heredocs: ``COPY <<EOT dest`` gives the file its body; ``RUN <<EOF`` runs its body."""
+    folder = _copy_appending(tmp_path, TOML_TASK, "environment/Dockerfile",
+                             "COPY <<EOT /app/notes/a.txt\nfirst line\n  # not a comment here\nEOT\n"
+                             "COPY <<-EOT /opt/ref/b.txt\n\tindented\n\tEOT\n"
+                             "RUN <<EOF\nmkdir -p /app/made\necho made > /app/made/x\nEOF\n")
+    task = load_task_dir(folder)
+    assert task.files["notes/a.txt"] == "first line\n  # not a comment here\n"
+    steps = task.metadata["local_build"]["build"]["steps"]
+    assert {"op": "copy_out", "pairs": [["<inline>/opt/ref/b.txt", "/opt/ref/b.txt"]],
+            "inline": {"/opt/ref/b.txt": "indented\n"}} in steps
+    assert steps[-1]["op"] == "run" and steps[-1]["command"] == "mkdir -p /app/made\necho made > /app/made/x"

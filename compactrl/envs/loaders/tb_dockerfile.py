@@ -18,6 +18,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+INLINE = "<inline>"
+"""Source prefix of a copy whose content is a Dockerfile heredoc (``DockerfileFacts.inline``)."""
 # Terminal-Bench's base images (``ghcr.io/laude-institute/t-bench/<name>:<date>``) set WORKDIR /app.
 KNOWN_BASE_WORKDIRS = {"ghcr.io/laude-institute/t-bench/": "/app"}
 # Commands a RUN step may hold that need packages, the network or a running service.
@@ -37,6 +39,9 @@ class DockerfileFacts:
     """Paths ``RUN rm`` removes; the copies before it that they hit are already dropped."""
     image_only: list[str] = field(default_factory=list)
     """Steps only a built image honours, one reason each."""
+    inline: dict[str, str] = field(default_factory=dict)
+    """``COPY <<EOT /dest`` heredocs: absolute destination -> content (their copies' source is
+    :data:`INLINE` + the destination)."""
     steps: list[dict] = field(default_factory=list)
     """The last stage's steps in build order, for the local backend to replay
     (:mod:`~compactrl.envs.loaders.tb_local_build`): ``{"op": "workdir", "path"}``, ``{"op": "env",
@@ -45,10 +50,19 @@ class DockerfileFacts:
     replay: ``COPY --from``, ``ADD`` of a URL)."""
 
 
+_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
 def _instructions(text: str) -> list[tuple[str, str]]:
-    """``(KEYWORD, arguments)`` pairs, continuation lines joined, comments dropped."""
+    """``(KEYWORD, arguments)`` pairs, continuation lines joined, comments dropped. A heredoc
+    (``COPY <<EOT /app/x`` or ``RUN <<EOF``, BuildKit's syntax) keeps its body in the arguments,
+    after a newline: ``("COPY", "<<EOT /app/x\n<body>")``."""
     out, current = [], ""
-    for line in text.splitlines():
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
         if not current and line.lstrip().startswith("#"):
             continue
         stripped = line.rstrip()
@@ -58,7 +72,15 @@ def _instructions(text: str) -> list[tuple[str, str]]:
         current += stripped
         if current.strip():
             keyword, _, rest = current.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
+            rest = rest.strip()
+            for m in _HEREDOC.finditer(rest) if keyword.upper() in ("COPY", "ADD", "RUN") else ():
+                body = []
+                while i < len(lines) and (lines[i].lstrip("\t") if m.group(1) else lines[i]) != m.group(3):
+                    body.append(lines[i].lstrip("\t") if m.group(1) else lines[i])
+                    i += 1
+                i += 1  # the terminator
+                rest += "\n" + "\n".join(body)
+            out.append((keyword.upper(), rest))
         current = ""
     return out
 
@@ -134,7 +156,12 @@ def read_dockerfile(path: str, context: str) -> DockerfileFacts:
             _copy(facts, context, rest, workdir, keyword)
             if len(facts.image_only) > before[1]:
                 facts.steps.append({"op": "other", "text": f"{keyword} {rest[:200]}"})
-            facts.steps.append({"op": "copy", "pairs": [list(p) for p in facts.copies[before[0]:]]})
+            pairs = [list(p) for p in facts.copies[before[0]:]]
+            step = {"op": "copy", "pairs": pairs}
+            inline = {d: facts.inline[d] for src, d in pairs if src.startswith(INLINE)}
+            if inline:
+                step["inline"] = inline
+            facts.steps.append(step)
         elif keyword == "RUN":
             facts.steps.append({"op": "run", "command": _run_text(rest), "workdir": workdir})
             _remove(facts, _rm_paths(rest, workdir))
@@ -163,7 +190,10 @@ def _env_pairs(rest: str) -> dict[str, str]:
 
 
 def _run_text(rest: str) -> str:
-    """A RUN's shell text (the exec form ``["a", "b"]`` as a quoted command line)."""
+    """A RUN's shell text (the exec form ``["a", "b"]`` as a quoted command line; a heredoc's body as
+    the script ``RUN <<EOF`` runs)."""
+    if rest.startswith("<<"):
+        return rest.partition("\n")[2]
     if rest.startswith("["):
         try:
             return shlex.join(json.loads(rest))
@@ -181,6 +211,16 @@ def _remove(facts: DockerfileFacts, paths: list[str]) -> None:
 
 
 def _copy(facts: DockerfileFacts, context: str, rest: str, workdir: str, keyword: str) -> None:
+    if rest.startswith("<<"):  # COPY <<EOT /dest: the file's content is the heredoc's body
+        head, _, body = rest.partition("\n")
+        words = [w for w in head.split() if not w.startswith("--")]
+        dest = posixpath.normpath(posixpath.join(workdir, words[-1])) if len(words) >= 2 else None
+        if dest is None:
+            facts.image_only.append(f"{keyword} {head[:80]} (unreadable heredoc)")
+            return
+        facts.inline[dest] = body + "\n"
+        facts.copies.append((INLINE + dest, dest))
+        return
     try:
         sources, dest = _copy_args(rest)
     except ValueError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from compactrl.envs.loaders.tb_dockerfile import DockerfileFacts, read_dockerfile
+from compactrl.envs.loaders.tb_dockerfile import INLINE, DockerfileFacts, read_dockerfile
 from compactrl.envs.loaders.tb_spec import TaskSpec
 
 # 1.x files that are the task's machinery, never part of the image's work dir.
@@ -69,7 +69,10 @@ def task_files(spec: TaskSpec, limit: int) -> tuple[dict[str, str], list[str], D
         else:
             outside.append(dest)
             continue
-        text = read_limited(os.path.join(spec.context or spec.folder, src), limit)
+        if src.startswith(INLINE):  # a COPY heredoc
+            text = facts.inline.get(dest)
+        else:
+            text = read_limited(os.path.join(spec.context or spec.folder, src), limit)
         if text is None:
             skipped.append(src)
         else:

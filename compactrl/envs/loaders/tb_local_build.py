@@ -347,7 +347,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         elif op == "copy":
             outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
             if outside:
-                out.steps.append({"op": "copy_out", "pairs": outside})
+                inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
+                out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
         elif op == "run":
             pieces, why = [], None
             for text, sep in split_segments(step["command"]):
@@ -480,8 +481,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
         if res.returncode != 0:
             tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
             return f"needs its image: pip install {' '.join(build['pip'])} (pip failed here: {' | '.join(tail)[-300:]})"
-    stage = {f"{STAGE_DIR}/{i}": _read_context(task, src)
-             for i, (src, _dest) in enumerate(p for s in build["steps"] if s["op"] == "copy_out" for p in s["pairs"])}
+    outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
+            for src, dest in s["pairs"]]
+    stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
+             for i, (src, _dest, inline) in enumerate(outs)}
     files = {**task.files, **{k: v for k, v in stage.items() if v is not None}}
     meta = {k: task.metadata[k] for k in ("workdir", "writable_paths") if k in task.metadata}
     meta["writable_paths"] = sorted({*meta.get("writable_paths", ()), *build.get("roots", ())})
