@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--resolver", default="auto", choices=("auto", "uv", "pip"),
                    help="who installs packages: uv (Python >= 3.8), the venv's pip upgraded to the newest for its "
                         "Python, or auto (uv when installed, else pip; default)")
+    p.add_argument("--exclude-newer", default="2024-08-13", metavar="YYYY-MM-DD",
+                   help="install no package released after this date (uv; default 2024-08-13, SWE-bench Verified's "
+                        "release: open requirements resolve as when the rows were validated); 'none' for no bound")
     p.add_argument("--step-timeout", type=float, default=3600.0,
                    help="time limit of one step (venv, one install command, a row's install script), seconds "
                         "(default: 3600)")
@@ -66,7 +69,8 @@ def _prepare(args: argparse.Namespace) -> int:
     config = PrepareConfig(repos_root=args.repos_root, envs_root=args.envs_root, harness_python=args.harness_python,
                            harness_specs=args.harness_specs, strict_python=args.strict_python,
                            pip_args=tuple(args.pip_arg), workdir=args.workdir, instance_ids=ids,
-                           resolver=args.resolver, command_timeout_s=args.step_timeout)
+                           resolver=args.resolver, command_timeout_s=args.step_timeout,
+                           exclude_newer=None if args.exclude_newer.lower() == "none" else args.exclude_newer)
     try:
         report = prepare(args.rows, config, progress=_progress)
     except OSError as exc:

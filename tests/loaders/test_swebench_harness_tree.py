@@ -363,3 +363,11 @@ def test_tox_current_env_runs_the_rows_venv_through_shims(tmp_path) -> None:
     out = subprocess.run([str(shim), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True)
     assert out.stdout.strip() == sys.prefix  # the venv itself, not its base interpreter
     assert sp.tox_current_env_shims(str(tmp_path / "x"), sys.executable, "pytest -rA") == []
+
+
+def test_prepare_options_are_validated(tmp_path) -> None:
+    with pytest.raises(ValueError, match="PrepareConfig.exclude_newer: expected YYYY-MM-DD"):
+        sp.PrepareConfig(repos_root=str(tmp_path), envs_root=str(tmp_path), exclude_newer="last week")
+    with pytest.raises(ValueError, match="PrepareConfig.resolver: expected 'auto', 'uv' or 'pip'"):
+        sp.PrepareConfig(repos_root=str(tmp_path), envs_root=str(tmp_path), resolver="conda")
+    assert sp.PIP_FOR_PYTHON["3.6"] == "pip<22"  # the newest pip that runs on 3.6 honours requires-python

@@ -100,6 +100,12 @@ class PrepareConfig:
     that passes it is killed and named in the error."""
     instance_ids: tuple[str, ...] | None = None
     """Only these rows (default: all)."""
+    exclude_newer: str | None = "2024-08-13"
+    """Packages released after this date (``YYYY-MM-DD``) are not installed (uv's
+    ``--exclude-newer``): requirements the specs leave open resolve as they did when the rows were
+    validated (SWE-bench Verified's release), not to today's releases (docutils 0.22 dropped the
+    ``roman`` module sphinx 3.5's LaTeX writer imports). None: no bound. pip has no such option: with
+    pip (Python < 3.8, or ``resolver="pip"``) the bound is not applied (recorded)."""
     resolver: str = "auto"
     """Who installs the packages: ``uv`` (``uv pip install``, where uv supports the interpreter:
     Python >= 3.8), ``pip`` (the venv's pip, upgraded first to the newest that supports its Python),
@@ -115,6 +121,8 @@ class PrepareConfig:
             raise ValueError(f"PrepareConfig.workdir: expected an absolute path, got {self.workdir!r}")
         if not self.command_timeout_s > 0:
             raise ValueError(f"PrepareConfig.command_timeout_s: expected > 0, got {self.command_timeout_s!r}")
+        if self.exclude_newer is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", self.exclude_newer):
+            raise ValueError(f"PrepareConfig.exclude_newer: expected YYYY-MM-DD or None, got {self.exclude_newer!r}")
         if self.resolver not in ("auto", "uv", "pip"):
             raise ValueError(f"PrepareConfig.resolver: expected 'auto', 'uv' or 'pip', got {self.resolver!r}")
         if self.harness_specs is not None and not os.path.isfile(self.harness_specs):
@@ -411,6 +419,9 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
         record["installer"] = os.path.basename(installer[0]) if "uv" in os.path.basename(installer[0]) else "pip"
         for args in installs:
             extra = list(config.pip_args) if record["installer"] == "pip" else _uv_args(config.pip_args)
+            if record["installer"] != "pip" and config.exclude_newer:
+                extra += ["--exclude-newer", config.exclude_newer]
+            record["exclude_newer"] = config.exclude_newer if record["installer"] != "pip" else None
             _run([*installer, *extra, *args], env_dir, env_dir, config.command_timeout_s,
                  f"{where}: install {' '.join(args)[:80]}", log_path, progress)
             record["commands"].append(shlex.join([record["installer"], "install", *args]))
