@@ -229,7 +229,10 @@ def _copy(facts: DockerfileFacts, context: str, rest: str, workdir: str, keyword
         facts.image_only.append(f"{keyword} {rest[:80]} (from another stage or unreadable)")
         return
     absolute = posixpath.normpath(posixpath.join(workdir, dest))
-    absolute += "/" if dest.endswith("/") or dest in (".", "./") and absolute != "/" else ""
+    # a destination that is a folder of the image (the work dir or one above it: `COPY data.txt /app`)
+    # receives the file inside it, as the engine does
+    is_dir = dest.endswith("/") or dest in (".", "./") or workdir == absolute or workdir.startswith(absolute + "/")
+    absolute += "/" if is_dir and absolute != "/" else ""
     for src in sources:
         if src.startswith(("http://", "https://")):
             facts.image_only.append(f"{keyword} {src} (a download)")

@@ -326,6 +326,23 @@ def solution_requirements(script: str | None) -> list[str]:
     return reqs
 
 
+_FETCHERS = {"curl", "wget", "git", "uv", "uvx", "npm", "npx", "yarn", "pnpm", "cargo", "go", "gem", "conda", "pipx",
+             "apk", "yum", "dnf", "rustup", "bun", "deno"}
+
+
+def solution_network(script: str | None) -> str | None:
+    """What in a reference solution fetches from the network (``curl ... | sh``, ``uv add flask``,
+    ``git clone``), or None. The harness's agent has the network; the local sandbox has none."""
+    for line in (script or "").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for text, _sep in split_segments(line):
+            seg = classify(text, {}, "")
+            if seg.action == "image" and seg.words and os.path.basename(seg.words[0]) in _FETCHERS:
+                return str(seg.detail)
+    return None
+
+
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
          digest: str, solution_pip: list[str] | tuple[str, ...] = ()) -> tuple[Plan | None, str | None]:
     """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``."""

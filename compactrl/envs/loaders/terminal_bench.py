@@ -42,7 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactrl.envs.loaders.tb_files import read_limited, task_files
-from compactrl.envs.loaders.tb_local_build import PrepareError, digest_of, solution_requirements
+from compactrl.envs.loaders.tb_local_build import (
+    PrepareError,
+    digest_of,
+    solution_network,
+    solution_requirements,
+)
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
 from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, _text, read_spec
@@ -259,6 +264,9 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
         meta["image_build"] = {"context": os.path.abspath(spec.context), "dockerfile": os.path.abspath(spec.dockerfile)}
     meta["writable_paths"] = list(WRITABLE_PATHS)
     meta["limits"] = _limits(spec, config)
+    # the harness's agent works in one tmux session: a server it starts in the background is still
+    # running when the tests run
+    meta["keep_background"] = True
     _local_build(spec, facts, files, config, meta)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
                 files=files, check=_check(spec, config, hidden, mode), max_turns=config.max_turns,
@@ -287,6 +295,9 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
+    fetch = solution_network(meta.get("solution_sh"))
+    if fetch and not why:
+        plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
     if not spec.dockerfile and not why:
         return
     # what the local backend cannot replay is now exactly the reason below (the rest is replayed or mapped)

@@ -105,6 +105,9 @@ class LocalSandboxConfig:
     adds to them. Not ``/`` nor under the system folders, ``/proc``, ``/dev``, ``/tmp``."""
     writable_bytes: int = 256 << 20
     """Size of each tmpfs of ``writable_paths``."""
+    keep_background: bool = False
+    """Keep the processes a command leaves in the background running after it ends (servers the
+    tests talk to); by default every one is killed when its command ends."""
     host_toolchains: bool = True
     """Mount the host's toolchains that live outside the system folders (rustup's ``cargo``, a Go
     outside ``/usr``) read-only and put them on PATH (:func:`host_toolchains`)."""
@@ -403,6 +406,12 @@ class LocalSandbox:
         except PrepareError as e:
             raise SandboxError(f"task {task.id}: {e}") from None
 
+    def _keep_background(self) -> bool:
+        """Whether what a command leaves running in the background survives it (a task's
+        ``metadata["keep_background"]``, as Terminal-Bench's tmux session keeps a server the agent
+        started for the tests), or is killed when the command ends (the default)."""
+        return self.config.keep_background or bool(self.task and self.task.metadata.get("keep_background"))
+
     def _limit(self, name: str) -> int:
         """A resource limit: the task's own (``metadata["limits"]``) or the configured one."""
         own = (self.task.metadata.get("limits") or {}).get(name) if self.task else None
@@ -478,7 +487,7 @@ class LocalSandbox:
             f"{self._limits_script()} || exit 98\n"
             f"{_shell.SAVE_INITIAL_STATE} || exit 99\n"
             "export -n $(compgen -e)\n"
-            f"__crl_run() {{ {_shell.RUN_COMMAND}; __crl_rc=$?; {_shell.KILL_LEFTOVERS};"
+            f"__crl_run() {{ {_shell.RUN_COMMAND}; __crl_rc=$?; {':' if self._keep_background() else _shell.KILL_LEFTOVERS};"
             f" printf '%s%d\\n' \"$1\" \"$__crl_rc\"; }}\n"
             # job notices ("Killed ...") would land in the next output: silence the shell itself
             "exec 2>/dev/null\n"
