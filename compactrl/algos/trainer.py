@@ -385,7 +385,7 @@ def start_engine(cfg: TrainConfig, policy, run: RunDir):
                     max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192),
         temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, top_k=policy.sampling.top_k,
         max_new_tokens=policy.max_new_tokens, seed=cfg.seed, stop_token_ids=policy.stop_token_ids,
-        sync_tolerance=ro.engine_sync_tolerance or None)
+        sync_tolerance=ro.engine_sync_tolerance or None, log_path=run.path / "engine.log")
     try:  # version 0: the weights it was started from
         engine.last_sync = {"engine/start_s": engine.engine.start_s, **engine.check_sync(policy.model)}
     except BaseException:

@@ -348,12 +348,14 @@ class VLLMPolicy:
         sync_tolerance: float | None = None,
         probe: Sequence[Sequence[int]] | None = None,
         version: int = 0,
+        log_path: str | Path | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
         if sync_bucket_bytes < 1:
             raise ValueError(f"sync_bucket_bytes: expected >= 1, got {sync_bucket_bytes}")
-        self.engine = engine if isinstance(engine, VLLMEngine) else VLLMEngine(engine, version=version)
+        self.engine = engine if isinstance(engine, VLLMEngine) else VLLMEngine(engine, version=version,
+                                                                                 log_path=log_path)
         self.engine_config = self.engine.config
         tol = DEFAULT_SYNC_TOLERANCE[self.engine_config.dtype] if sync_tolerance is None else sync_tolerance
         if not (tol > 0 and math.isfinite(tol)):
