@@ -211,7 +211,8 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
                     return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
-    if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS for t in targets):
+    if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
+                           and not t.startswith(("/tmp/", "/var/tmp/", "/var/log/")) for t in targets):
         # `rm -rf` of a system file that this machine lacks "succeeds" and changes nothing here
         return Segment(text, words, "image", "removes system files: the effect exists only in the image")
     return Segment(text, words, "run")
