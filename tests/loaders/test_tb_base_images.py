@@ -113,6 +113,26 @@ def test_test_time_installs_become_grader_requirements() -> None:
     assert bi.grader_layer([], None) == []
 
 
+def test_heredocs_become_context_files_for_builders_without_them() -> None:
+    from compactrl.envs.sandbox.docker import _context_tar, expand_heredocs
+
+    text = ("FROM python:3.12-slim\nCOPY <<EOT /app/logs/a.log\nline 1\nline 2\nEOT\nRUN <<EOF\nset -e\nmkdir -p /data\nEOF\n"
+            "RUN python3 <<-'PY' > /data/x\n\tprint(6 * 7)\n\tPY\nRUN echo '<<not a heredoc' > /y\n")
+    out, files = expand_heredocs(text)
+    assert out.split("\n") == [
+        "FROM python:3.12-slim", "COPY .compactrl-heredoc/0 /app/logs/a.log",
+        "COPY .compactrl-heredoc/1 /tmp/.compactrl-heredoc-1", "RUN sh /tmp/.compactrl-heredoc-1",
+        "COPY .compactrl-heredoc/2 /tmp/.compactrl-heredoc-2", "RUN python3 < /tmp/.compactrl-heredoc-2 > /data/x",
+        "RUN echo '<<not a heredoc' > /y", ""]
+    assert files == {".compactrl-heredoc/0": b"line 1\nline 2\n", ".compactrl-heredoc/1": b"set -e\nmkdir -p /data\n",
+                     ".compactrl-heredoc/2": b"print(6 * 7)\n"}
+    assert expand_heredocs("FROM a\nRUN true\n") == ("FROM a\nRUN true\n", {})
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as ctx:  # the bodies are part of the image's digest
+        assert _context_tar(ctx, out, files)[1] != _context_tar(ctx, out, {**files, ".compactrl-heredoc/0": b"x"})[1]
+
+
 def test_survey_counts_bases_per_family(tmp_path) -> None:
     for i, text in enumerate(["FROM python:3.12-slim\n", "FROM golang:1.22 AS b\nFROM python:3.12-slim\n",
                               "FROM quay.io/x/y:1\n"]):
@@ -185,3 +205,25 @@ def test_base_families_off_names_the_missing_base_and_its_family() -> None:
         with pytest.raises(SandboxError, match=r"no family substitute: \.NET"):
             build_task_image(_client(), "dotnet-task", {"context": ctx, "dockerfile": os.path.join(ctx, "Dockerfile")},
                              DockerSandboxConfig())
+
+
+@pytest.mark.docker
+def test_background_processes_survive_their_command_in_a_task_image() -> None:
+    """As Terminal-Bench's tmux session does (a server the solution starts is up for the tests): a
+    process a command leaves in the background is still running at the next command, and one that
+    holds the command's output open does not hold the command up."""
+    client = _client()
+    _root_ready(client)
+    task = load_task_dir(LEDGER_TASK)
+    assert task.metadata.get("keep_background")
+    count = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000'"
+    sb = make_sandbox("docker")
+    try:
+        sb.start(task)
+        assert sb.exec("sleep 1000 >/dev/null 2>&1 & echo started").output.strip() == "started"
+        assert sb.exec(count).output.strip() == "1"
+        out = sb.exec("sleep 1000 & echo holds-the-output", timeout_s=20)
+        assert out.output.strip() == "holds-the-output" and not out.timed_out
+        assert sb.exec(count).output.strip() == "2"
+    finally:
+        sb.close()

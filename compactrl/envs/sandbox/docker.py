@@ -62,6 +62,8 @@ _DRIVER = (
     f'exec 2>/dev/null; timeout -s KILL "$1" env -i BASH_ENV={_shell.ENV_FILE_PATH} bash --noprofile --norc'
     f' -c "$2" </dev/null 2>&1; __crl_rc=$?; {_shell.KILL_LEFTOVERS}; printf \'%s%d\\n\' "$3" "$__crl_rc"'
 )
+# The same, leaving what the command started in the background running (a server for the tests).
+_DRIVER_KEEP = _DRIVER.replace(_shell.KILL_LEFTOVERS, ":")
 # PID 1 of the container: idles, and reaps the orphans that killed commands leave (a bare
 # `sleep infinity` would collect zombies until the pids limit is reached).
 _INIT = "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"
@@ -130,6 +132,10 @@ class DockerSandboxConfig:
     build_network: str | None = None
     """Network mode of image builds (``"host"``, ``"none"``...; None: the engine's default). The
     running container has no network whatever this is."""
+    keep_background: bool = False
+    """Leave what a command starts in the background running after it (a server the tests talk to),
+    as Terminal-Bench's tmux session does; a task's ``metadata["keep_background"]`` asks for it too.
+    Off: the command's leftovers are killed when it ends."""
     build_timeout_s: float = 1800.0
     """Limit of one image build, in seconds (a read of the engine's build log that waits longer fails)."""
 
@@ -300,10 +306,62 @@ def _context_files(context: str) -> list[str]:
     return out
 
 
-def _context_tar(context: str, dockerfile: str) -> tuple[bytes, str]:
-    """The build context as a tar (modes kept) with ``dockerfile`` added, and its content digest."""
+_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+_HEREDOC_DIR = ".compactrl-heredoc"
+
+
+def expand_heredocs(text: str) -> tuple[str, dict[str, bytes]]:
+    """BuildKit's heredocs (``COPY <<EOT /dest``, ``RUN <<EOF``, ``RUN python3 <<EOF``) as files of the
+    build context, for engines whose builder lacks them (Podman 4's buildah): the Dockerfile rewritten
+    to copy those files, and the files (context-relative path -> body)."""
+    lines, out, files, i = text.split("\n"), [], {}, 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)(COPY|ADD|RUN)(\s+)(.*)$", lines[i], re.I)
+        docs = [d for d in _HEREDOC.finditer(m[4]) if not (m[4][:d.start()].count("'") % 2
+                                                            or m[4][:d.start()].count('"') % 2)] if m else []
+        if not docs:
+            out.append(lines[i])
+            i += 1
+            continue
+        rest, j, names = m[4], i + 1, []
+        for d in docs:
+            body = []
+            while j < len(lines) and (lines[j].lstrip("\t") if d[1] else lines[j]) != d[3]:
+                body.append(lines[j].lstrip("\t") if d[1] else lines[j])
+                j += 1
+            j += 1
+            name = f"{_HEREDOC_DIR}/{len(files)}"
+            files[name] = ("\n".join(body) + "\n").encode()
+            names.append((d, name))
+        if m[2].upper() == "RUN":
+            for _d, name in names:
+                out.append(f"{m[1]}COPY {name} /tmp/{name.replace('/', '-')}")
+            command = rest
+            for d, name in names:
+                where = f"/tmp/{name.replace('/', '-')}"
+                bare = command.strip() == d.group(0)
+                command = (f"sh {where}" if not files[name].startswith(b"#!") else f"chmod +x {where} && {where}") \
+                    if bare else command.replace(d.group(0), f"< {where}", 1)
+            out.append(f"{m[1]}RUN {command}")
+        else:
+            for d, name in names:
+                rest = rest.replace(d.group(0), name, 1)
+            out.append(f"{m[1]}{m[2]}{m[3]}{rest}")
+        i = j
+    return "\n".join(out), files
+
+
+def _context_tar(context: str, dockerfile: str, extra: dict[str, bytes] | None = None) -> tuple[bytes, str]:
+    """The build context as a tar (modes kept) with ``dockerfile`` and ``extra`` files (context-relative
+    path -> bytes) added, and its content digest."""
     digest, buf = hashlib.sha256(dockerfile.encode()), io.BytesIO()
+    for name, data in sorted((extra or {}).items()):
+        digest.update(f"\0{name}\0".encode() + data)
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in sorted((extra or {}).items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
         for path in _context_files(context):
             rel = os.path.relpath(path, context).replace(os.sep, "/")
             info = tar.gettarinfo(path, arcname=rel)
@@ -354,7 +412,8 @@ def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig
         last_stage = max((i for i, line in enumerate(lines) if line.strip().upper().startswith("FROM ")), default=0)
         users = [line.split(None, 1)[1].strip() for line in lines[last_stage:] if line.strip().upper().startswith("USER ")]
         text += "\n".join(base_images.grader_layer(list(build["grader_requirements"]), users[-1] if users else None)) + "\n"
-    data, digest = _context_tar(context, text)
+    text, heredocs = expand_heredocs(text)
+    data, digest = _context_tar(context, text, heredocs)
     tag = task_image_tag(task_id, hashlib.sha256(("\0".join([digest, *ids])).encode()).hexdigest())
     with _reap_lock:
         lock = _build_locks.setdefault(tag, threading.Lock())
@@ -620,7 +679,8 @@ class DockerSandbox:
         self._cache.clear()  # the command may change any file
         self._listing = None
         marker = _shell.new_marker()
-        argv = ["bash", "--noprofile", "--norc", "-c", _DRIVER, "bash", f"{timeout_s:.3f}",
+        keep = self.config.keep_background or bool(self.task and self.task.metadata.get("keep_background"))
+        argv = ["bash", "--noprofile", "--norc", "-c", _DRIVER_KEEP if keep else _DRIVER, "bash", f"{timeout_s:.3f}",
                 command.replace("\x00", ""), marker]
         out = _shell.CappedOutput(limit)
         scanner = _shell.MarkerScanner(marker.encode(), out)
@@ -630,6 +690,8 @@ class DockerSandbox:
         for chunk in self._iterate(stream):
             if not done:
                 done = scanner.feed(chunk)
+            if done and keep:  # a process left in the background may hold the stream open: do not wait for it
+                break
         if not done:
             scanner.flush()
             raise self._infra_error(RuntimeError("the command's output ended without its exit code"))
