@@ -548,6 +548,8 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
         (record["skipped"] if on_system(command) else record["commands"]).append(command)
     if record["commands"]:
+        record["bounded_dependencies"] = _bounded_dependencies(dest, venv, spec.get("install"), config, where,
+                                                               log_path, progress)
         if progress:
             progress(f"{where}: install step (log: {log_path})")
         # the harness's repository is /testbed: here it is the work tree
@@ -561,6 +563,44 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
     _write_stamp(venv, {"from": env["env_dir"], "base_commit": row["base_commit"]})
     _write_stamp(dest, record)
     return {**record, "reused": False}
+
+
+_PIP_INSTALL_SELF = re.compile(r"pip install\b.*?(?:^|\s)(?:-e\s+)?\.(\[[\w,.-]+\])?(?:\s|$)")
+
+
+def _bounded_dependencies(tree: str, venv: str, install: str | Sequence[str] | None, config: PrepareConfig,
+                          where: str, log_path: str, progress: Progress | None) -> bool:
+    """Before the harness's ``pip install [-e] .[extras]``: install the project's dependencies as uv
+    resolves them under :attr:`PrepareConfig.exclude_newer` (``uv pip compile`` reads the metadata
+    only, nothing is built), so the install step finds them there instead of taking today's releases
+    (pip has no date bound). True when done; False where it does not apply (no uv, no bound, an
+    install command of another form, Python < 3.8)."""
+    command = install if isinstance(install, str) or install is None else " ".join(install)
+    match = _PIP_INSTALL_SELF.search(command or "")
+    uv = _find_uv() if config.resolver != "pip" else None
+    python = os.path.join(venv, "bin", "python")
+    version = probe_python(python)
+    if not (match and uv and config.exclude_newer and version and _minor(version[1]) >= 8):
+        return False
+    extras = [e for e in (match.group(1) or "").strip("[]").split(",") if e]
+    source = next((f for f in ("pyproject.toml", "setup.cfg", "setup.py") if os.path.isfile(os.path.join(tree, f))
+                   and (f != "pyproject.toml" or "[project]" in open(os.path.join(tree, f), encoding="utf-8").read())),
+                  None)
+    if source is None:
+        return False
+    out = os.path.join(venv, "requirements-bounded.txt")
+    try:  # reading a project's metadata may fail or build (numpy.distutils): then pip resolves alone
+        _run([*uv, "pip", "compile", "--python", python, "--exclude-newer", config.exclude_newer, "--no-header",
+              *[a for e in extras for a in ("--extra", e)], *_uv_args(config.pip_args), "-o", out, source], tree,
+             venv, min(300.0, config.command_timeout_s),
+             f"{where}: resolve the install step's dependencies (<= {config.exclude_newer})", log_path, progress)
+    except PrepareError as exc:
+        log.warning("%s (the install step resolves without the date bound)", str(exc).splitlines()[0])
+        return False
+    _run([*uv, "pip", "install", "--python", python, "--exclude-newer", config.exclude_newer,
+          *_uv_args(config.pip_args), "-r", out], tree, venv, config.command_timeout_s,
+         f"{where}: install them", log_path, progress)
+    return True
 
 
 def tox_current_env_shims(tree: str, python: str, test_cmd: str | Sequence[str] | None) -> list[str]:
