@@ -339,8 +339,13 @@ def solution_network(script: str | None) -> str | None:
             continue
         for text, _sep in split_segments(line):
             seg = classify(text, {}, "")
-            if seg.action == "image" and seg.words and os.path.basename(seg.words[0]) in _FETCHERS:
+            local = re.search(r"(//|@|^|\s)(localhost|127\.0\.0\.1|0\.0\.0\.0)\b", " ".join(seg.words[1:]))
+            if seg.action == "image" and seg.words and os.path.basename(seg.words[0]) in _FETCHERS and not local:
                 return str(seg.detail)
+            if seg.action == "apt":
+                missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
+                if missing:
+                    return f"apt-get install {' '.join(missing)}, which this machine lacks"
     return None
 
 
