@@ -373,19 +373,26 @@ def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
     )
 
 
+def engine_settings(cfg: TrainConfig, policy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(engine config fields, VLLMPolicy keywords)`` of the run's vLLM engine (``rollout.engine_*``):
+    it samples like ``policy``; pure, so the config's reach is testable without starting an engine."""
+    ro = cfg.rollout
+    s = policy.sampling
+    engine = dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
+                  max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192)
+    kwargs = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
+                  seed=cfg.seed, stop_token_ids=policy.stop_token_ids, sync_tolerance=ro.engine_sync_tolerance or None)
+    return engine, kwargs
+
+
 def start_engine(cfg: TrainConfig, policy, run: RunDir):
     """``rollout.engine=vllm``: a vLLM engine process serving ``policy``'s current weights (written to
     the run's ``engine_model/``), sampling like the policy, checked against it on the probe batch."""
     from compactrl.policies.vllm_policy import VLLMPolicy
 
-    ro = cfg.rollout
-    engine = VLLMPolicy.from_model(
-        policy.model, policy.tokenizer, run.path / "engine_model",
-        engine=dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
-                    max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192),
-        temperature=policy.sampling.temperature, top_p=policy.sampling.top_p, top_k=policy.sampling.top_k,
-        max_new_tokens=policy.max_new_tokens, seed=cfg.seed, stop_token_ids=policy.stop_token_ids,
-        sync_tolerance=ro.engine_sync_tolerance or None, log_path=run.path / "engine.log")
+    engine_cfg, kwargs = engine_settings(cfg, policy)
+    engine = VLLMPolicy.from_model(policy.model, policy.tokenizer, run.path / "engine_model", engine=engine_cfg,
+                                   log_path=run.path / "engine.log", **kwargs)
     try:  # version 0: the weights it was started from
         engine.last_sync = {"engine/start_s": engine.engine.start_s, **engine.check_sync(policy.model)}
     except BaseException:
@@ -424,11 +431,10 @@ def ray_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None =
             raise ValueError("rollout.engine=vllm with rollout workers needs the run directory (engine_model/)")
         model_dir = run.path / "engine_model"
         policy.model.save_pretrained(model_dir)
-        s = policy.sampling
-        engine_fn = functools.partial(
-            vllm_engine, str(model_dir), engine_kwargs=dict(dtype=cfg.rollout.engine_dtype, threads=1),
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
-            stop_token_ids=policy.stop_token_ids, sync_tolerance=cfg.rollout.engine_sync_tolerance or None)
+        engine_cfg, kwargs = engine_settings(cfg, policy)
+        kwargs.pop("seed")  # each engine actor seeds its own engine and sampling stream (vllm_engine)
+        engine_cfg = {k: v for k, v in engine_cfg.items() if k != "seed"} | {"threads": 1}
+        engine_fn = functools.partial(vllm_engine, str(model_dir), engine_kwargs=engine_cfg, **kwargs)
 
     # routing summaries to a frozen copy would need a second model in every worker
     if cfg.rl.frozen_summarizer:

@@ -109,3 +109,21 @@ def test_missing_engine_environment_says_how_to_build_it(tmp_path, tokenizer):
         VLLMPolicy(VLLMEngineConfig(model=str(tmp_path), python=missing), tokenizer)
     with pytest.raises(FileNotFoundError, match=r"scripts/setup.sh --vllm"):
         vllm_engine(str(tmp_path), 0, engine_kwargs={"python": missing})
+
+
+def test_the_train_config_reaches_the_engine(tokenizer):
+    """``rollout.engine_dtype`` and ``rollout.engine_sync_tolerance`` reach the run's engine; the engine
+    samples like the trained policy (the smoke run on a real engine: tests/vllm/test_train.py)."""
+    from compactrl.algos import trainer as T
+    from compactrl.algos.config import override, preset
+
+    cfg = override(preset("smoke"), {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16",
+                                     "rollout.engine_sync_tolerance": 0.05, "model.temperature": 0.7, "seed": 4})
+    policy, _ = T.build_policy(cfg, tokenizer)
+    engine, kwargs = T.engine_settings(cfg, policy)
+    assert engine["dtype"] == "bfloat16" and engine["seed"] == 4 and engine["threads"] == cfg.threads
+    assert kwargs["sync_tolerance"] == 0.05 and kwargs["temperature"] == 0.7
+    assert kwargs["max_new_tokens"] == cfg.env.context_budget.reserve
+    assert kwargs["stop_token_ids"] == policy.stop_token_ids
+    default, _ = T.engine_settings(preset("smoke"), policy)
+    assert default["dtype"] == "float32" and T.engine_settings(preset("smoke"), policy)[1]["sync_tolerance"] is None

@@ -22,7 +22,12 @@ from compactrl.algos.config import TrainConfig, iter_fields, override, preset
 
 pytestmark = pytest.mark.timeout(120)
 
-EXEMPT: dict[str, str] = {}  # field -> the test that observes it instead (none needed so far)
+EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
+    # a probe would start a vLLM engine process (~20-100 s): observed where one is started, and without one
+    "rollout.engine": "tests/vllm/test_train.py::test_smoke_run_on_the_engine_survives_a_killed_engine",
+    "rollout.engine_dtype": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
+    "rollout.engine_sync_tolerance": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
+}
 
 # the smoke env rarely compacts: demonstrations whose summaries matter need the main job's env
 MAIN_DEMOS = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
