@@ -316,14 +316,17 @@ def _expand(value: str, env: dict[str, str]) -> str:
 
 
 def solution_requirements(script: str | None) -> list[str]:
-    """What a reference solution ``pip install``s (the harness's containers have the network, the local
-    sandbox has none): those requirements are installed at prepare time instead."""
+    """What a script ``pip install``s or runs ``uvx --with`` (a reference solution, a test script: the
+    harness's containers have the network, the local sandbox has none): those requirements are
+    installed at prepare time instead."""
     reqs: list[str] = []
     for line in (script or "").splitlines():
         for text, _sep in split_segments(line):
             seg = classify(text, {}, "")
-            if seg.action == "pip":
-                reqs += [r for r in seg.detail if r not in reqs]
+            found = seg.detail if seg.action == "pip" else []
+            if seg.words and os.path.basename(seg.words[0]) in ("uvx", "uv"):  # uvx --with numpy==2.1.3 pytest ...
+                found = [seg.words[i + 1] for i, w in enumerate(seg.words[:-1]) if w in ("--with", "-w")]
+            reqs += [r for r in found if r not in reqs]
     return reqs
 
 
@@ -357,8 +360,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
     todo = [r for r in solution_pip if not _satisfied(r)]
     if todo:
         out.pip += todo
-        out.mapped.append(f"the reference solution's pip install {' '.join(todo)}: into the task's site folder at "
-                          "prepare time (the sandbox has no network)")
+        out.mapped.append(f"what the solution or the test script installs ({' '.join(todo)}): into the task's site "
+                          "folder at prepare time (the sandbox has no network)")
     root = (workdir or "").rstrip("/") + "/"
     for step in steps:
         op = step["op"]

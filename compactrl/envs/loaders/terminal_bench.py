@@ -290,8 +290,11 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     plan, why = None, None
     if spec.dockerfile:
         digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
-        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest,
-                               solution_requirements(meta.get("solution_sh")))
+        tests = "\n".join(filter(None, [spec.run_tests, spec.test_sh, *(
+            _text(os.path.join(spec.folder, "tests", rel)) for rel in spec.test_files if rel.endswith(".sh"))]))
+        wanted = solution_requirements(meta.get("solution_sh"))
+        wanted += [r for r in solution_requirements(tests) if r not in wanted]
+        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted)
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
