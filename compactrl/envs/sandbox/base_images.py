@@ -54,6 +54,10 @@ ROOT_LAYOUT = "2"
 """Version of what :func:`build_root` puts in a root (a cached root of another version is rebuilt)."""
 SUBSTITUTE_REPO = "compactrl-base"
 GRADER_DIR = "/opt/compactrl/grader"
+GRADER_PYTHON_DIR = "/opt/compactrl/python"
+_GRADER_PY = f'"$(command -v python3 || echo {GRADER_PYTHON_DIR}/bin/python3)"'
+GRADER_PYTHON_VERSIONS = ("3.12", "3.13", "3.11")
+"""A CPython for the tests of an image without one, the first of these this machine has."""
 """pytest (the version the harness installs for its test runs) and its dependencies, unpacked for
 the image's python3 but outside its site-packages: the agent's python does not see them; the docker
 backend puts the folder on ``PYTHONPATH`` for a task graded with pytest on its tests, as the harness's
@@ -314,6 +318,9 @@ class Recipe:
     """How this substitute differs from the base it stands for."""
     grader_python: str | None = None
     """Version of the image's ``python3`` (None: it has none): pytest for it goes to :data:`GRADER_DIR`."""
+    grader_prefix: str | None = None
+    """For an image with no python3: this machine's CPython copied to :data:`GRADER_PYTHON_DIR` to
+    run the tests with (the harness's test scripts bring their own Python with uv)."""
     stages: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     """Build stages before the image: ``(root, stage name, steps)``, for ``COPY --from=<stage name>``."""
 
@@ -618,6 +625,11 @@ def recipe_for(image: str) -> Recipe:
     recipe = family.recipe(name, tag)
     if recipe is None:
         raise NoSubstitute(f"the {family.name} family has no substitute for the tag {tag!r}")
+    if recipe.grader_python is None and recipe.root in ("debian-bookworm", "ubuntu-noble"):
+        # the machine's interpreters are built for Debian 12's libc (Ubuntu 24.04's is newer)
+        found = next(((v, p) for v in GRADER_PYTHON_VERSIONS if (p := host_python(v))), None)
+        if found:
+            recipe = dataclasses.replace(recipe, grader_python=found[0], grader_prefix=found[1])
     return recipe
 
 
@@ -667,7 +679,7 @@ def grader_layer(requirements: list[str], user: str | None) -> list[str]:
     reqs = " ".join(shlex.quote(r) for r in requirements)
     lines = ["USER root",
              f"RUN if [ -d {GRADER_DIR}/pip ]; then PYTHONPATH={GRADER_DIR} PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
-             f" python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --target {GRADER_DEPS_DIR}"
+             f" {_GRADER_PY} -m pip install --quiet --no-cache-dir --disable-pip-version-check --target {GRADER_DEPS_DIR}"
              f" {reqs}; fi"]
     return lines + ([f"USER {user}"] if user else [])
 
@@ -699,11 +711,17 @@ def _recipe_context(recipe: Recipe, root_name: str, root_id: str,
     ``{root: (engine name, image id)}`` of the roots its build stages start from."""
     stage_roots = stage_roots or {}
     grader = []
+    if recipe.grader_prefix:
+        v = recipe.grader_python
+        grader = [f"COPY grader-python/ {GRADER_PYTHON_DIR}/",
+                  f"RUN printf '#!/bin/sh\\nLD_LIBRARY_PATH={GRADER_PYTHON_DIR}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+                  f" exec {GRADER_PYTHON_DIR}/bin/python{v} \"$@\"\\n' > {GRADER_PYTHON_DIR}/bin/python3"
+                  f" && chmod 755 {GRADER_PYTHON_DIR}/bin/python3 && {GRADER_PYTHON_DIR}/bin/python3 -c 'import sys'"]
     if recipe.grader_python:
-        grader = ["COPY grader-wheels/ /tmp/grader-wheels/",
-                  f"RUN for w in /tmp/grader-wheels/*.whl; do python3 -m zipfile -e \"$w\" {GRADER_DIR} || exit 1; done"
-                  f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} -name '*.dist-info' -prune -o -type d -exec chmod 755 {{}} +"
-                  f" && PYTHONPATH={GRADER_DIR} python3 -m pytest --version"]
+        grader += ["COPY grader-wheels/ /tmp/grader-wheels/",
+                   f"RUN for w in /tmp/grader-wheels/*.whl; do {_GRADER_PY} -m zipfile -e \"$w\" {GRADER_DIR} || exit 1; done"
+                   f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} -name '*.dist-info' -prune -o -type d -exec chmod 755 {{}} +"
+                   f" && PYTHONPATH={GRADER_DIR} {_GRADER_PY} -m pytest --version"]
     stages = [line for root, stage, steps in recipe.stages
               for line in (f"FROM {stage_roots[root][0]} AS {stage}", *_CA_STEPS, *steps)]
     dockerfile = "\n".join([*stages, f"FROM {root_name}", *_CA_STEPS, *recipe.steps, *grader]) + "\n"
@@ -724,18 +742,22 @@ def _recipe_context(recipe: Recipe, root_name: str, root_id: str,
                     data = fh.read()
                 digest.update(os.path.basename(path).encode() + hashlib.sha256(data).digest())
                 add("grader-wheels/" + os.path.basename(path), data)
-        if recipe.python_prefix:
-            for host, rel in _python_tree(recipe.python_prefix, recipe.python):
+        trees = [("python/", recipe.python_prefix, recipe.python), ("grader-python/", recipe.grader_prefix,
+                                                                      recipe.grader_python)]
+        for top, prefix, version in trees:
+            if not prefix:
+                continue
+            for host, rel in _python_tree(prefix, version):
                 if os.path.islink(host):
-                    info = tarfile.TarInfo("python/" + rel)
+                    info = tarfile.TarInfo(top + rel)
                     info.type, info.linkname = tarfile.SYMTYPE, os.readlink(host)
                     tar.addfile(info)
-                    digest.update(f"{rel}->{info.linkname}".encode())
+                    digest.update(f"{top}{rel}->{info.linkname}".encode())
                     continue
                 with open(host, "rb") as fh:
                     data = fh.read()
-                digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-                add("python/" + rel, data, os.stat(host).st_mode & 0o777)
+                digest.update(f"{top}{rel}".encode() + b"\0" + hashlib.sha256(data).digest())
+                add(top + rel, data, os.stat(host).st_mode & 0o777)
     return buf.getvalue(), digest.hexdigest()
 
 

@@ -821,6 +821,8 @@ class DockerSandbox:
                 # a family substitute carries pytest for its python3 outside site-packages (base_images)
                 grader = f"{base_images.GRADER_DEPS_DIR}:{GRADER_DIR}"
                 command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={grader}${{PYTHONPATH:+:$PYTHONPATH}};"
+                           # an image without python3: the substitute's own, after the image's PATH
+                           f" command -v python3 >/dev/null || export PATH=$PATH:{base_images.GRADER_PYTHON_DIR}/bin;"
                            f" {command}")
             res = self._run(command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
