@@ -49,7 +49,8 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "env.context_budget.clip_marker": ({}, "[{n} cut]"),
     "env.context_budget.tool_role": ({}, "user"),
     "model.arch": ({}, "qwen3_moe"),
-    # the smoke model's one layer is dense (glm4_moe's first layer): experts need a second layer
+    "model.hidden_size": ({}, 48),  # the MoE layer's grouped matmul needs rows of a multiple of 16 bytes
+    # two layers: glm4_moe's first is dense, its second has the experts
     "model.num_experts": ({"model.num_layers": 2}, 3),
     "model.experts_per_token": ({"model.num_layers": 2}, 2),
     "model.pretrained": ({}, "SAVED"),
