@@ -185,7 +185,15 @@ _PROLOGUE = (
 _EPILOGUE = '__tbrc=$?; [ $__tbt = 1 ] && rm -rf /tests/* /tests/.[!.]* 2>/dev/null; exit $__tbrc'
 
 
-def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str) -> Check:
+def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str,
+           workdir: str | None = None) -> Check:
+    check = _check_in_cwd(spec, config, hidden, mode)
+    if workdir:  # the harness runs the tests in a fresh shell in the image's work dir, wherever the agent cd'd
+        check = dataclasses.replace(check, command=f"cd {shlex.quote(workdir)} && {{ {check.command}; }}")
+    return check
+
+
+def _check_in_cwd(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str) -> Check:
     python = shlex.quote(config.python)
     if mode == "pytest":
         # 1.x: the harness's default run (pytest on the tests), read with its parser; 2.x: the
@@ -269,7 +277,7 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     meta["keep_background"] = True
     _local_build(spec, facts, files, config, meta)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
-                files=files, check=_check(spec, config, hidden, mode), max_turns=config.max_turns,
+                files=files, check=_check(spec, config, hidden, mode, meta.get("workdir")), max_turns=config.max_turns,
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
                 source="terminal-bench", metadata=meta)
     if config.prepare and "build" in meta.get("local_build", {}):
