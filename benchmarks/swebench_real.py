@@ -56,6 +56,7 @@ def _parse() -> argparse.Namespace:
                         "cases.json (the parity test's fixtures: tests/fixtures/swebench/real_logs)")
     p.add_argument("--export-max-bytes", type=int, default=40_000)
     p.add_argument("--redo", default=None, help="comma-separated rows to run again even with --resume")
+    p.add_argument("--table-only", action="store_true", help="with --resume: write the table from the JSON, run nothing")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -172,7 +173,7 @@ def main() -> int:
         export_logs(args.export_logs, results, rows_by_id, args.export_max_bytes)
         return 0
     done = {r["id"] for r in results}
-    ready = [i for i in ids if i in prepared and i not in done]
+    ready = [] if args.table_only else [i for i in ids if i in prepared and i not in done]
     tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path),
                           instance_ids=ready) if ready else []
     tasks.sort(key=lambda t: ids.index(t.id))  # in --instance-ids order (e.g. one row per repository first)
@@ -196,7 +197,9 @@ def main() -> int:
 
 
 def _write(args, results, failed, prepare_s, load_before, load_after, partial: bool) -> None:
-    markdown = _markdown(args, results, failed, prepare_s, load_before, load_after, partial)
+    ids = [i for i in (args.instance_ids or "").split(",") if i] or [r["instance_id"] for r in read_rows(args.rows)]
+    not_run = [i for i in ids if i not in {r["id"] for r in results} and i not in failed]
+    markdown = _markdown(args, results, failed, prepare_s, load_before, load_after, partial, not_run)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w", encoding="utf-8") as fh:
         fh.write(markdown)
@@ -211,11 +214,12 @@ def _yn(v: dict, key: str = "resolved") -> str:
     return "resolved" if v[key] else "not resolved"
 
 
-def _markdown(args, results, failed, prepare_s, load_before, load_after, partial: bool) -> str:
+def _markdown(args, results, failed, prepare_s, load_before, load_after, partial: bool,
+              not_run: list[str] = ()) -> str:
     run = [r for r in results if "gold" in r]
     good = sum(r["ok"] for r in run)
     parity = sum(r["gold"]["parity"] and r["noop"]["parity"] for r in run)
-    total = len({r["id"] for r in results} | set(failed))
+    total = len({r["id"] for r in results} | set(failed) | set(not_run))
     repos = sorted({r["env"].split("@")[0] for r in results if r.get("env")})
     envs: dict[str, float] = {}
     for r in results:
@@ -262,7 +266,12 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
             if "not_gradable" in r:
                 lines.append(f"- `{r['id']}`: not gradable here: {r['not_gradable']}")
         for i, why in failed.items():
-            lines.append(f"- `{i}`: not prepared: {why.splitlines()[0][:300]}")
+            text = why.strip().splitlines()
+            key = next((x for x in text[1:] if re.search(r"unable|error:|cannot|Errors?\.", x)), text[-1])
+            lines.append(f"- `{i}`: not prepared: {text[0][:160]} ... {key.strip()[:220]}")
+    if not_run:
+        lines += ["", "Prepared but not run (the run was stopped for time before them): "
+                  + ", ".join(f"`{i}`" for i in not_run)]
     return "\n".join(lines) + "\n"
 
 

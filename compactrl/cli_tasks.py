@@ -71,6 +71,10 @@ def _prepare(args: argparse.Namespace) -> int:
                            pip_args=tuple(args.pip_arg), workdir=args.workdir, instance_ids=ids,
                            resolver=args.resolver, command_timeout_s=args.step_timeout,
                            exclude_newer=None if args.exclude_newer.lower() == "none" else args.exclude_newer)
+    import signal
+
+    # SIGTERM as Ctrl-C: the running step's process group is killed, the manifest keeps what finished
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         report = prepare(args.rows, config, progress=_progress)
     except OSError as exc:

@@ -273,22 +273,33 @@ def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, wha
         out.flush()
         proc = subprocess.Popen(command, cwd=cwd, env=env, shell=isinstance(command, str), stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        beat = start
-        while proc.poll() is None:
-            now = time.monotonic()
-            if now - start > timeout_s:
-                _kill_group(proc)
-                raise PrepareError(f"{what}: `{shown}` did not finish within its step limit of {timeout_s:.0f} s "
-                                   f"(output: {log_path}):\n{_tail(log_path)}\nTry: a larger --step-timeout; for a "
-                                   "resolver that backtracks, pin the packages it wavers on (--pip-arg), or install "
-                                   "uv (faster resolver, used for Python >= 3.8 when found)")
-            if progress is not None and now - beat >= HEARTBEAT_S:
-                beat = now
-                progress(f"{what}: running {now - start:.0f} s  | {_tail(log_path, 1)[:120]}")
-            time.sleep(0.2)
+        try:
+            _wait(proc, start, timeout_s, what, shown, log_path, progress)
+        except BaseException:  # interrupted (Ctrl-C, SIGTERM via the CLI): the step must not outlive prepare
+            _kill_group(proc)
+            raise
     if proc.returncode != 0:
         raise PrepareError(f"{what}: `{shown}` exited {proc.returncode} (output: {log_path}):\n{_tail(log_path)}")
     return time.monotonic() - start
+
+
+def _wait(proc: subprocess.Popen, start: float, timeout_s: float, what: str, shown: str, log_path: str,
+          progress: Progress | None) -> None:
+    """Until the step ends; killed past ``timeout_s`` (a PrepareError naming it); a progress line
+    every :data:`HEARTBEAT_S`."""
+    beat = start
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > timeout_s:
+            _kill_group(proc)
+            raise PrepareError(f"{what}: `{shown}` did not finish within its step limit of {timeout_s:.0f} s "
+                               f"(output: {log_path}):\n{_tail(log_path)}\nTry: a larger --step-timeout; for a "
+                               "resolver that backtracks, pin the packages it wavers on (--pip-arg), or install "
+                               "uv (faster resolver, used for Python >= 3.8 when found)")
+        if progress is not None and now - beat >= HEARTBEAT_S:
+            beat = now
+            progress(f"{what}: running {now - start:.0f} s  | {_tail(log_path, 1)[:120]}")
+        time.sleep(0.2)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
