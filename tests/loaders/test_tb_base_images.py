@@ -107,6 +107,8 @@ def test_test_time_installs_become_grader_requirements() -> None:
                "pip install pytest requests psutil && python3 -m pip install 'pandas==2.3.0' -r extra.txt\n"]
     assert bi.test_requirements(scripts) == ["numpy==2.3.1", "requests", "psutil", "pandas==2.3.0"]
     assert bi.test_requirements(["pip install pytest==8.4.1\npytest $TEST_DIR -rA\n"]) == []
+    assert bi.test_requirements(["uvx \\\n  --with pytest==8.4.1 \\\n  --with numpy==2.1.3 --with 'scipy' pytest /tests\n"]) == [
+        "numpy==2.1.3", "scipy"]
     lines = bi.grader_layer(["numpy==2.3.1"], "app")
     assert lines[0] == "USER root" and lines[-1] == "USER app"
     assert f"--target {bi.GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_DIR}/pip ]" in lines[1]

@@ -649,6 +649,11 @@ def test_requirements(scripts: list[str]) -> list[str]:
     offline sandbox can only have if it is installed when the image is built."""
     out: list[str] = []
     for text in scripts:
+        # uvx --with numpy --with pytest==8.4.1 pytest ...: the packages the tool's run gets
+        for m in re.finditer(r"--with[= ]+(['\"]?)([^\s;&|'\"]+)\1", text):
+            w = m.group(2)
+            if _REQUIREMENT.fullmatch(w) and not re.match(r"pytest([=<>~!\[]|$)", w) and w not in out:
+                out.append(w)
         for m in _INSTALL.finditer(text):
             words = m.group(1).split()
             skip = False
