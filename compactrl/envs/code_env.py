@@ -35,6 +35,18 @@ log = logging.getLogger(__name__)
 CODE_TOOLS: tuple[str, ...] = ("view", "search", "replace", "create", "test", "shell", "submit")
 
 
+def with_backend_state(task: Task, backend: str) -> Task:
+    """``task`` with what ``backend`` needs prepared before its episode: for the local backend, the
+    replayed Dockerfile state of a Terminal-Bench task (``metadata["local_state"]``), taken from the
+    cache or built now without downloads (:func:`compactrl.envs.loaders.tb_local_build.with_local_state`).
+    Other tasks and backends come back unchanged."""
+    if backend != "local" or not task.metadata.get("local_build") or task.metadata.get("local_state"):
+        return task
+    from compactrl.envs.loaders.tb_local_build import with_local_state
+
+    return with_local_state(task)
+
+
 @runtime_checkable
 class TaskSampler(Protocol):
     """Where an env gets its tasks: ``sample`` draws one with the env's seeded RNG."""
@@ -152,6 +164,7 @@ class ToolEnv(gym.Env[str, str]):
         else:
             task = self.task_source.sample(self.np_random)
         self._close_sandbox()
+        task = with_backend_state(task, self.backend)
         self._sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
         self._sandbox.start(task)
         self._line_cache = {}

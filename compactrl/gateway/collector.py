@@ -37,6 +37,7 @@ from gymnasium.utils import seeding
 from tensordict import TensorDict
 
 from compactrl.collectors.trace_collector import EpisodeStats, summarize_episodes
+from compactrl.envs.code_env import with_backend_state
 from compactrl.envs.sandbox import make_sandbox
 from compactrl.gateway.app import Gateway, GatewayConfig
 from compactrl.gateway.engines import policy_engine
@@ -189,6 +190,7 @@ class AgentCollector:
         t0 = time.perf_counter()
         sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
         try:
+            task = with_backend_state(task, self.backend)
             sandbox.start(task)
             result = run_episode(self.gateway.url, MODEL_NAME, name, task, sandbox, self.gateway.fmt,
                                  **dataclasses.asdict(self.episode))

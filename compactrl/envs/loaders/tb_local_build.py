@@ -451,6 +451,22 @@ def state_dir(task_id: str, build: dict, cache: str | None = None) -> str:
                         f"{task_id}-{build['key']}{plan_digest}")
 
 
+def with_local_state(task, cache: str | None = None):
+    """``task`` with its prepared state (``metadata["local_state"]``): from the cache, or built now
+    without downloads (a task that needs packages fetched must be prepared before its episode: the
+    loader with ``prepare=True``, or ``compactrl tasks validate``). A state that cannot be prepared is a
+    :class:`~compactrl.envs.sandbox.SandboxError` naming the task, as any infrastructure failure."""
+    import dataclasses
+
+    from compactrl.envs.sandbox.base import SandboxError
+
+    try:
+        state = prepare(task, cache, allow_download=False)
+    except PrepareError as e:
+        raise SandboxError(f"task {task.id}: {e}") from None
+    return dataclasses.replace(task, metadata={**task.metadata, "local_state": state})
+
+
 def prepare(task, cache: str | None = None, *, allow_download: bool = True, timeout_s: float = 900.0,
             sandbox_options: dict | None = None) -> str:
     """The task's prepared state folder (built now if absent). Raises :class:`PrepareError`."""

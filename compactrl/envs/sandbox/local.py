@@ -393,18 +393,19 @@ class LocalSandbox:
 
     def _local_state(self, task: Task) -> str | None:
         """The prepared state of a task whose Dockerfile steps the local backend replays
-        (``metadata["local_build"]``, see :mod:`compactrl.envs.loaders.tb_local_build`): given by the
-        loader (``metadata["local_state"]``) or prepared now, from the cache or by running the steps
-        (never downloading: a task that needs packages fetched must be prepared before its episode)."""
-        state = task.metadata.get("local_state")
-        if state or not task.metadata.get("local_build"):
+        (``metadata["local_build"]``, see :mod:`compactrl.envs.loaders.tb_local_build`), as the loader or
+        the env gave it (``metadata["local_state"]``). The sandbox never prepares one itself: preparing
+        is the task source's job (the loader with ``prepare=True``, or :func:`~compactrl.envs.code_env.
+        with_backend_state` at reset), and a sandbox layer that called back into the loaders would close
+        an import cycle."""
+        state, build = task.metadata.get("local_state"), task.metadata.get("local_build")
+        if state or not build:
             return str(state) if state else None
-        from compactrl.envs.loaders.tb_local_build import PrepareError, prepare
-
-        try:
-            return prepare(task, allow_download=False)
-        except PrepareError as e:
-            raise SandboxError(f"task {task.id}: {e}") from None
+        if isinstance(build, dict) and build.get("error"):  # a step only the image can run
+            raise SandboxError(f"task {task.id}: {build['error']}")
+        raise SandboxError(f"task {task.id}: its Dockerfile's steps are not prepared for the local backend "
+                           "(metadata local_state): load it with TerminalBenchConfig(prepare=True), or start it "
+                           "through CodeRepoEnv/TerminalEnv, which prepare it at reset")
 
     def _keep_background(self) -> bool:
         """Whether what a command leaves running in the background survives it (a task's
