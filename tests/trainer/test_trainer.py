@@ -180,7 +180,9 @@ def test_sft_step_does_not_depend_on_the_micro_batch_budget():
         runs.append((torch.tensor([r["loss"] for r in history]),
                      torch.cat([p.detach().flatten() for p in policy.parameters()])))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-4, atol=1e-5)
+    # the one-layer model's layer has experts (tiny_moe keeps the last layer MoE): the grouped expert
+    # matmuls sum in another order per micro-batch, 1.4e-5 on 3 of 311k parameters after 3 steps
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-4, atol=3e-5)
 
 
 def test_summary_router_sends_only_summary_requests_to_the_summarizer():
