@@ -12,6 +12,7 @@ import time
 import pytest
 from loader_helpers import FIXTURES, TB_TASK, docker_unavailable, local_unavailable
 
+from compactrl.envs.code_env import with_backend_state
 from compactrl.envs.loaders.terminal_bench import WRITABLE_PATHS, load_task_dir
 from compactrl.envs.sandbox import make_sandbox
 from compactrl.envs.sandbox.base import SandboxError
@@ -104,7 +105,7 @@ def test_local_gives_writable_folders_tests_and_solution() -> None:
     assert not noop["success"] and noop["sandbox_error"] is None, noop
     sb = make_sandbox("local", writable_paths=("/data",))
     try:
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
         out = sb.exec("touch /data/a /root/b /logs/c && echo ok; touch /usr/x /etc/x 2>&1 | wc -l; ls -A /tests").output
         assert out.split() == ["ok", "2"], out  # the tests were copied for grading only
     finally:
@@ -123,7 +124,7 @@ def test_local_solution_files_arrive_byte_exact(tmp_path) -> None:
     task = load_task_dir(folder)
     sb = make_sandbox("local")
     try:
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
         sb.write_file("solution.sh", task.metadata["solution_sh"])
         out = sb.exec("bash solution.sh >/dev/null && sha256sum /solution/blob.bin && stat -c %a /solution/solve.sh")
         assert out.output.split() == [hashlib.sha256(blob).hexdigest(), "/solution/blob.bin", "755"], out
@@ -152,7 +153,7 @@ def test_docker_builds_the_task_image_and_grades_in_it() -> None:
     assert not noop["success"] and noop["sandbox_error"] is None, noop
     sb = make_sandbox("docker", **kwargs)
     try:
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
         assert sb.image.startswith("compactrl-task/solution-files:")
         # what only the image has: RUN chmod, RUN rm, a COPY outside the work dir
         out = sb.exec("test -x bin/shout.sh && echo exec; ls bin; cat /opt/reference/reference.txt; pwd").output
@@ -193,7 +194,7 @@ def test_docker_missing_base_image_is_named_at_once() -> None:
     assert "base_images" in rec["sandbox_error"] and "pull" in rec["sandbox_error"]
     sb = make_sandbox("docker", base_images={"python:3.13-slim": "compactrl-no-such-image:0"})
     with pytest.raises(SandboxError, match=r"'compactrl-no-such-image:0' \(substitute for 'python:3.13-slim'\)"):
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
 
 
 @pytest.mark.docker
@@ -214,7 +215,7 @@ def test_docker_work_dir_inherited_from_the_base_image(tmp_path) -> None:
     assert "workdir" not in task.metadata  # the loader cannot know what an unknown base sets
     sb = make_sandbox("docker", base_images={"python:3.13-slim": base})
     try:
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
         assert sb.exec("pwd; ls").output.split() == ["/srv/app", "bin", "words.txt"]
         assert sb.read_file("words.txt") == "alpha\nbeta\ngamma\n"
     finally:
@@ -228,7 +229,7 @@ def test_docker_without_building_uses_the_default_image() -> None:
     task = load_task_dir(TB_TASK)
     sb = make_sandbox("docker", build_images=False)
     try:
-        sb.start(task)
+        sb.start(with_backend_state(task, sb.backend))
         assert sb.image == DEFAULT_IMAGE and sb.read_file("logs/api.log")  # files put in, as before
     finally:
         sb.close()
