@@ -3,49 +3,20 @@
 from __future__ import annotations
 
 import os
-import queue
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import openai
 import pytest
 import requests
+from server_helpers import server_url
 
 from compactrl.gateway.recording import load_session
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _server_url(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, list[str]]:
-    """The URL a ``compactrl serve|gateway --port 0`` process prints once its socket is bound, and
-    the list its output keeps going into (read on a thread, so the server never blocks on a full pipe).
-
-    Port 0 lets the kernel pick a free port that the server holds from then on; probing for a free
-    port and passing it races with every other process on the host (bind, release, then someone
-    else's bind)."""
-    lines: list[str] = []
-    found: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if (m := re.search(r" on (http://[^/\s]+)/v1", line)) is not None:
-                found.put(m.group(1))
-        found.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        url = found.get(timeout=timeout)
-    except queue.Empty:
-        raise TimeoutError(f"no address printed within {timeout} s: {''.join(lines)[-3000:]}") from None
-    if url is None:
-        raise RuntimeError(f"server exited with {proc.wait()}: {''.join(lines)[-3000:]}")
-    return url, lines
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -69,7 +40,7 @@ def test_gateway_process_records_a_session_and_stops_cleanly(tmp_path):
          "--record-dir", str(tmp_path), "--served-model-name", "tiny"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url, output = _server_url(proc)
+        url, output = server_url(proc)
         _wait_healthy(url, proc)
         client = openai.OpenAI(base_url=f"{url}/s/cli-1/v1", api_key="none", max_retries=0)
         assert [m.id for m in client.models.list()] == ["tiny"]

@@ -1,15 +1,13 @@
 """Helpers shared by the policy tests (imported by name: pytest puts this folder on sys.path)."""
 
 import os
-import queue
-import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
+from server_helpers import server_url  # noqa: F401 - the policy tests call it from here
 
 from compactrl.policies.tiny_moe import tiny_moe
 
@@ -40,33 +38,6 @@ def right_padded(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, tor
         tokens[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = True
     return tokens, mask
-
-
-def server_url(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[str, list[str]]:
-    """The URL a ``compactrl serve|gateway --port 0`` process prints once its socket is bound, and
-    the list its output keeps going into (read on a thread, so the server never blocks on a full pipe).
-
-    Port 0 lets the kernel pick a free port that the server holds from then on; probing for a free
-    port and passing it races with every other process on the host (bind, release, then someone
-    else's bind)."""
-    lines: list[str] = []
-    found: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.append(line)
-            if (m := re.search(r" on (http://[^/\s]+)/v1", line)) is not None:
-                found.put(m.group(1))
-        found.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        url = found.get(timeout=timeout)
-    except queue.Empty:
-        raise TimeoutError(f"no address printed within {timeout} s: {''.join(lines)[-3000:]}") from None
-    if url is None:
-        raise RuntimeError(f"server exited with {proc.wait()}: {''.join(lines)[-3000:]}")
-    return url, lines
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
