@@ -59,6 +59,12 @@ _OPT_DIR = "/opt/compactrl"  # inside: bin/ (`python`, `python3`, `pytest` wrapp
 _BIN_DIR = f"{_OPT_DIR}/bin"
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 _SHELL = ("/bin/bash", "--noprofile", "--norc")
+# The shell dies with the process that holds the sandbox (unshare's or bwrap's outer process, itself
+# tied to the Python that started it): the parent-death signal unshare --kill-child and bwrap
+# --die-with-parent set is cleared when the shell's uid is dropped (setpriv --reuid), and a shell busy
+# with a command (it reads no EOF then) would outlive a killed trainer, eval or validate. Set by the
+# shell's last exec, after every change of credentials.
+_DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
 
 
 @dataclass(frozen=True)
@@ -519,13 +525,17 @@ class LocalSandbox:
             # Privileged bwrap builds the root (it can reach e.g. a Python under /root), then the
             # shell drops to an unprivileged uid in a user namespace of its own, which makes
             # RLIMIT_NPROC count this sandbox's processes only (root is exempt from it).
+            # bwrap's own init stays PID 1 here: the outer bwrap keeps uid 0 without capabilities, so
+            # the kernel refuses its death signal to a shell of another uid; killing the init (same
+            # uid) ends the whole pid namespace.
             head = ["bwrap", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            tail = [*_drop_privileges(cfg.sandbox_uid), "unshare", *_inner_userns(), "--", *_SHELL]
+            tail = [*_drop_privileges(cfg.sandbox_uid), "unshare", *_inner_userns(), "--", *_DIE_WITH_PARENT,
+                    *_SHELL]
         else:
-            head = ["bwrap", "--unshare-user", "--disable-userns"]
-            tail = list(_SHELL)
+            head = ["bwrap", "--unshare-user", "--disable-userns", "--as-pid-1"]
+            tail = [*_DIE_WITH_PARENT, *_SHELL]
         argv = [*head, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--as-pid-1",
+                "--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent",
                 "--new-session"]
         for target, path in links:
             argv += ["--symlink", target, path]
@@ -588,7 +598,7 @@ class LocalSandbox:
             'cd "$R"; mkdir .old; pivot_root . .old; umount -l /.old; rmdir /.old',
             "mount -o remount,ro /",
             f"cd -- {q(self._workdir)}",
-            f"exec {drop} unshare {' '.join(_inner_userns())} -- {' '.join(_SHELL)}",
+            f"exec {drop} unshare {' '.join(_inner_userns())} -- {' '.join((*_DIE_WITH_PARENT, *_SHELL))}",
         ]
         user = [] if os.geteuid() == 0 else ["--map-root-user"]
         argv = ["setpriv", "--pdeathsig", "KILL", "unshare", *user, "--mount", "--net", "--pid", "--ipc",
