@@ -45,6 +45,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--envs-root", required=True)
     p.add_argument("--harness-python", default=None)
     p.add_argument("--harness-specs", default=None)
+    p.add_argument("--download-cache", default=None, help="prepare's download cache (files found by content)")
     p.add_argument("--lite-rows", default=None, help="the Lite dataset (.jsonl), to label each row Lite or Verified")
     p.add_argument("--instance-ids", default=None, help="comma-separated (default: every row)")
     p.add_argument("--skip-prepare", action="store_true", help="use the envs root's specs.json as it is")
@@ -149,7 +150,7 @@ def main() -> int:
     else:
         report = prepare(args.rows, PrepareConfig(repos_root=args.repos_root, envs_root=args.envs_root,
                                                   harness_python=args.harness_python, harness_specs=args.harness_specs,
-                                                  instance_ids=tuple(ids)))
+                                                  instance_ids=tuple(ids), download_cache=args.download_cache))
         prepared, failed, specs_path = report.prepared, report.failed, report.specs_path
     prepare_s = time.monotonic() - start
     if args.skip_prepare:  # the preparation ran before: its time is what the manifest recorded

@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--step-timeout", type=float, default=3600.0,
                    help="time limit of one step (venv, one install command, a row's install script), seconds "
                         "(default: 3600)")
+    p.add_argument("--download-cache", default=None, metavar="DIR",
+                   help="files fetched ahead, found by content: <sha256> files a build step downloads (with "
+                        "'<sha256> <url>' lines in DIR/urls.txt), <git blob id> files a checkout lacks")
     p.add_argument("--workdir", default="/workspace", help="the repository's path inside the sandbox (default: /workspace)")
     v = sub.add_parser("validate", help="run gold and noop on every task: gold must succeed, noop fail",
                        description="run the gold and noop policies on every task of a set (SWE-bench rows, "
@@ -70,6 +73,7 @@ def _prepare(args: argparse.Namespace) -> int:
                            harness_specs=args.harness_specs, strict_python=args.strict_python,
                            pip_args=tuple(args.pip_arg), workdir=args.workdir, instance_ids=ids,
                            resolver=args.resolver, command_timeout_s=args.step_timeout,
+                           download_cache=args.download_cache,
                            exclude_newer=None if args.exclude_newer.lower() == "none" else args.exclude_newer)
     import signal
 

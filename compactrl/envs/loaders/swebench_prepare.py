@@ -106,6 +106,10 @@ class PrepareConfig:
     validated (SWE-bench Verified's release), not to today's releases (docutils 0.22 dropped the
     ``roman`` module sphinx 3.5's LaTeX writer imports). None: no bound. pip has no such option: with
     pip (Python < 3.8, or ``resolver="pip"``) the bound is not applied (recorded)."""
+    download_cache: str | None = None
+    """A folder of files fetched ahead from wherever they can be reached, found by their content
+    (see :func:`download_cache_index`): ``<sha256>`` files a build would download (listed with the
+    URLs they stand for in ``urls.txt``), ``<git blob id>`` files a checkout lacks. None: none."""
     resolver: str = "auto"
     """Who installs the packages: ``uv`` (``uv pip install``, where uv supports the interpreter:
     Python >= 3.8), ``pip`` (the venv's pip, upgraded first to the newest that supports its Python),
@@ -125,6 +129,8 @@ class PrepareConfig:
             raise ValueError(f"PrepareConfig.exclude_newer: expected YYYY-MM-DD or None, got {self.exclude_newer!r}")
         if self.resolver not in ("auto", "uv", "pip"):
             raise ValueError(f"PrepareConfig.resolver: expected 'auto', 'uv' or 'pip', got {self.resolver!r}")
+        if self.download_cache is not None and not os.path.isdir(self.download_cache):
+            raise ValueError(f"PrepareConfig.download_cache: {self.download_cache!r} is not a folder")
         if self.harness_specs is not None and not os.path.isfile(self.harness_specs):
             raise ValueError(f"PrepareConfig.harness_specs: no file {self.harness_specs!r}")
 
@@ -251,12 +257,16 @@ HEARTBEAT_S = 15.0
 
 
 def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, what: str, log_path: str | None = None,
-         progress: Progress | None = None) -> float:
+         progress: Progress | None = None, extra_env: Mapping[str, str] | None = None) -> float:
     """Run one step with the venv first on ``PATH``, its output streamed to ``log_path`` (appended;
     a temp file when None) and a progress line every :data:`HEARTBEAT_S`; its seconds, or a
     PrepareError naming ``what``, the step's time limit and the log's tail."""
     env = {**os.environ, "PATH": f"{env_dir}/bin:{os.environ.get('PATH', '')}", "VIRTUAL_ENV": env_dir,
            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONNOUSERSITE": "1", "PIP_NO_INPUT": "1"}
+    extra = dict(extra_env or {})
+    if "PATH_PREFIX" in extra:  # after the venv, before the system (the download cache's wget/curl)
+        env["PATH"] = f"{env_dir}/bin:{extra.pop('PATH_PREFIX')}:{os.environ.get('PATH', '')}"
+    env.update(extra)
     # pip compiles bytecode only when allowed; the sandbox's venv is read-only, so modules without
     # it compile at every import, and a DeprecationWarning of that compile fails the run under
     # ``filterwarnings = error`` (as the harness's env, which has the bytecode, never does)
@@ -319,6 +329,14 @@ def _tail(path: str, lines: int = 15) -> str:
         return ""
     return "\n".join(line for line in text.strip().splitlines()[-lines:])
 
+
+BUILD_TOOL_CAPS: dict[str, tuple[str, ...]] = {"3.5": ("cython<3",), "3.6": ("cython<3",), "3.7": ("cython<3",)}
+"""Per pinned Python, the build tools the harness's conda environment could not have had: conda's
+``defaults`` channel builds packages only for supported Pythons, and Cython 3.0.0 (2023-07-17) came
+after Python 3.6 (end of life 2021-12) and 3.7 (2023-06-27) were retired, so a spec that leaves
+``cython`` open (scikit-learn 0.20-0.22 on Python 3.6) got a 0.29 release there; pip takes Cython
+3.0.x, which cannot compile those trees. Applied by :func:`build_env` as a pip/uv constraints file
+(``-c``) to every package install of such an environment, and recorded (``build_tool_caps``)."""
 
 PIP_FOR_PYTHON = {"3.5": "pip<21", "3.6": "pip<22", "3.7": "pip<24.1", "3.8": "pip<25.1"}
 """The newest pip that still runs on each old interpreter (a venv's bundled pip may be too old to
@@ -407,8 +425,9 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     key = env_key(row["repo"], row["version"])
     env_dir = os.path.join(os.path.abspath(config.envs_root), "envs", key)
     stamp = _read_stamp(env_dir)
-    if stamp is not None and os.path.exists(stamp.get("python", "")):
-        return {**stamp, "reused": True}
+    if (stamp is not None and os.path.exists(stamp.get("python", ""))
+            and stamp.get("build_tool_caps", []) == list(build_tool_caps(stamp.get("python_version", "")))):
+        return {**stamp, "reused": True}  # (one built before its caps were known is built again)
     if os.path.exists(env_dir):  # an interrupted build: start again
         shutil.rmtree(env_dir)
     log_path = os.path.join(os.path.abspath(config.envs_root), "logs", f"{key}.log")
@@ -428,8 +447,12 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     if installs:
         installer = _installer(env_dir, used, config, where, log_path, progress)
         record["installer"] = os.path.basename(installer[0]) if "uv" in os.path.basename(installer[0]) else "pip"
+        caps = build_tool_caps(used)
+        record["build_tool_caps"] = list(caps)
         for args in installs:
             extra = list(config.pip_args) if record["installer"] == "pip" else _uv_args(config.pip_args)
+            if caps:
+                extra += ["-c", _write_lines(env_dir, "build-tool-caps.txt", caps)]
             if record["installer"] != "pip" and config.exclude_newer:
                 extra += ["--exclude-newer", config.exclude_newer]
             record["exclude_newer"] = config.exclude_newer if record["installer"] != "pip" else None
@@ -442,6 +465,11 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     if progress:
         progress(f"{where}: environment {key} built in {record['build_s']:.0f} s")
     return {**record, "reused": False}
+
+
+def build_tool_caps(python_version: str) -> tuple[str, ...]:
+    """The constraints :data:`BUILD_TOOL_CAPS` puts on an environment of ``python_version``."""
+    return BUILD_TOOL_CAPS.get(python_version, ())
 
 
 def _uv_args(pip_args: Sequence[str]) -> list[str]:
@@ -520,8 +548,57 @@ def environment_yml_requirements(repo_path: str, commit: str, paths: Sequence[st
 
 
 # ===================================================================== instances
-def checkout(repo_path: str, commit: str, dest: str, where: str) -> None:
-    """A detached git work tree of ``repo_path`` at ``commit`` in ``dest`` (a fresh one)."""
+def missing_blobs(repo_path: str, commit: str) -> list[tuple[str, str]]:
+    """(path, blob id) of the files of ``commit``'s tree whose contents ``repo_path`` lacks (a
+    snapshot or partial clone that left out its largest files)."""
+    entries = []
+    for item in _git(repo_path, "ls-tree", "-r", "-z", commit).split(b"\0"):
+        if item:
+            meta, _, path = item.decode("utf-8", "replace").partition("\t")
+            mode, kind, sha = meta.split()
+            if kind == "blob":
+                entries.append((path, sha))
+    if not entries:
+        return []
+    checked = _git(repo_path, "cat-file", "--batch-check", data="".join(f"{sha}\n" for _, sha in entries).encode())
+    missing = {line.split()[0] for line in checked.decode().splitlines() if line.endswith(" missing")}
+    return [(path, sha) for path, sha in entries if sha in missing]
+
+
+def supply_blobs(repo_path: str, commit: str, cache: str | None, where: str) -> list[dict[str, str]]:
+    """Before a work tree of ``commit``: every blob its tree needs that ``repo_path`` lacks is
+    written into it (``git hash-object -w``) from the download cache, where a file of that git
+    blob id is; the blobs added (path, blob, file). A PrepareError naming each blob still missing
+    and how to supply it otherwise."""
+    missing = missing_blobs(repo_path, commit)
+    if not missing:
+        return []
+    index = download_cache_index(cache)["blob"] if cache else {}
+    added, still = [], []
+    for path, sha in missing:
+        if sha in index:
+            got = _git(repo_path, "hash-object", "-w", "--no-filters", index[sha]).decode().strip()
+            if got != sha:  # download_cache_index checked it; the repository must agree
+                raise PrepareError(f"{where}: download_cache: {index[sha]} was written as {got}, not {sha}")
+            added.append({"path": path, "blob": sha, "file": index[sha]})
+        else:
+            still.append((path, sha))
+    if still:
+        listed = "; ".join(f"{path} (blob {sha})" for path, sha in still[:5])
+        raise PrepareError(
+            f"{where}: base_commit: {commit[:12]}'s tree has {len(still)} file(s) whose contents the checkout "
+            f"{repo_path} lacks (a snapshot or partial clone that left out its largest files): {listed}. Supply "
+            "each: put a file whose `git hash-object` is that blob id in the download cache "
+            "(--download-cache DIR, named by the id: prepare checks it and adds it), or run "
+            f"`git -C {repo_path} hash-object -w FILE` yourself, or fetch the repository's full history; a copy "
+            "may be in a release of the project made while that blob was current (an sdist)")
+    return added
+
+
+def checkout(repo_path: str, commit: str, dest: str, where: str, cache: str | None = None) -> list[dict[str, str]]:
+    """A detached git work tree of ``repo_path`` at ``commit`` in ``dest`` (a fresh one); blobs the
+    checkout lacks come from the download cache (:func:`supply_blobs`), which are returned."""
+    added = supply_blobs(repo_path, commit, cache, where)
     if os.path.exists(dest):
         shutil.rmtree(dest)
         _git(repo_path, "worktree", "prune")
@@ -530,6 +607,137 @@ def checkout(repo_path: str, commit: str, dest: str, where: str) -> None:
         _git(repo_path, "worktree", "add", "--detach", "--force", "--force", dest, commit)
     except SWEBenchError as exc:
         raise PrepareError(f"{where}: base_commit: {exc}") from None
+    return added
+
+
+# ===================================================================== the download cache
+URLS_FILE = "urls.txt"
+"""In a download cache: ``<sha256> <url>`` lines, the URLs a cached file stands for."""
+
+
+def download_cache_index(folder: str) -> dict[str, dict[str, str]]:
+    """The files of a download cache by content: ``{"sha256": {hex: path}, "blob": {git blob id:
+    path}, "urls": {url: sha256}}``. Every regular file is indexed by both hashes; a file named by a
+    hash (64 hex digits: sha256; 40: git blob id) must have it (a ValueError naming the file
+    otherwise), and so must each ``urls.txt`` line's file."""
+    out: dict[str, dict[str, str]] = {"sha256": {}, "blob": {}, "urls": {}}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name == URLS_FILE or not os.path.isfile(path):
+            continue
+        sha256, blob = file_hashes(path)
+        if re.fullmatch(r"[0-9a-f]{64}", name) and name != sha256:
+            raise ValueError(f"download_cache: {path}: named by a sha256 but its sha256 is {sha256}")
+        if re.fullmatch(r"[0-9a-f]{40}", name) and name != blob:
+            raise ValueError(f"download_cache: {path}: named by a git blob id but its blob id is {blob}")
+        out["sha256"].setdefault(sha256, path)
+        out["blob"].setdefault(blob, path)
+    urls = os.path.join(folder, URLS_FILE)
+    if os.path.isfile(urls):
+        with open(urls, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                words = line.split("#", 1)[0].split()
+                if not words:
+                    continue
+                if len(words) != 2 or not re.fullmatch(r"[0-9a-f]{64}", words[0]):
+                    raise ValueError(f"download_cache: {urls}:{number}: expected '<sha256> <url>', got {line.strip()!r}")
+                if words[0] not in out["sha256"]:
+                    raise ValueError(f"download_cache: {urls}:{number}: no file in {folder} has sha256 {words[0]} "
+                                     f"(for {words[1]})")
+                out["urls"][words[1]] = words[0]
+    return out
+
+
+def file_hashes(path: str) -> tuple[str, str]:
+    """(sha256, git blob id) of a file's bytes."""
+    import hashlib
+
+    size = os.path.getsize(path)
+    sha256, blob = hashlib.sha256(), hashlib.sha1(f"blob {size}\0".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            sha256.update(chunk)
+            blob.update(chunk)
+    return sha256.hexdigest(), blob.hexdigest()
+
+
+_FETCH_SHIM = """#!/bin/sh
+# prepare's {tool}: a URL of the download cache is copied from it, anything else goes to the real {tool}
+exec {python} -c 'import sys; from compactrl.envs.loaders.swebench_prepare import fetch_shim; \
+sys.exit(fetch_shim(sys.argv[1], sys.argv[2], sys.argv[3:]))' {tool} {urls} "$@"
+"""
+
+
+def seed_download_cache(cache: str, dest: str, build_cache_names: Sequence[str]) -> dict[str, str]:
+    """Where a build that downloads finds the cache's files: ``dest/xdg/<name>/<sha256>`` for each
+    of ``build_cache_names`` (the layout of matplotlib's ``setupext``: ``$XDG_CACHE_HOME/matplotlib/
+    <sha256>``, read instead of downloading; the user's other cache folders linked beside it), and
+    ``wget``/``curl`` in ``dest/bin`` that copy a URL listed in ``urls.txt`` from the cache (its
+    sha256 checked again) and pass any other to the real tool. The environment variables the
+    install step gets (``XDG_CACHE_HOME``, ``PATH`` prefix)."""
+    index = download_cache_index(cache)
+    xdg = os.path.join(dest, "xdg")
+    for name in build_cache_names:
+        folder = os.path.join(xdg, name)
+        os.makedirs(folder, exist_ok=True)
+        for sha, path in index["sha256"].items():
+            target = os.path.join(folder, sha)
+            if not os.path.exists(target):
+                shutil.copyfile(path, target)
+    home_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    if os.path.isdir(home_cache):  # pip's cache and the others stay where they were
+        for name in os.listdir(home_cache):
+            link = os.path.join(xdg, name)
+            if name not in build_cache_names and not os.path.lexists(link):
+                os.symlink(os.path.join(home_cache, name), link)
+    bindir = os.path.join(dest, "bin")
+    os.makedirs(bindir, exist_ok=True)
+    urls = os.path.join(dest, "urls.json")
+    _write_json(urls, {"files": {url: index["sha256"][sha] for url, sha in index["urls"].items()},
+                       "sha256": dict(index["urls"])})
+    for tool in ("wget", "curl"):
+        path = os.path.join(bindir, tool)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(_FETCH_SHIM.format(tool=tool, python=shlex.quote(sys.executable), urls=shlex.quote(urls)))
+        os.chmod(path, 0o755)
+    return {"XDG_CACHE_HOME": xdg, "PATH_PREFIX": bindir}
+
+
+def fetch_shim(tool: str, urls_path: str, args: Sequence[str]) -> int:
+    """``wget``/``curl`` during an install step: a URL of the download cache is copied to the output
+    the command names (``-O FILE`` / ``-o FILE``; else the URL's base name), its sha256 checked; other
+    commands run the real tool (found on ``PATH`` after the shim's folder)."""
+    with open(urls_path, encoding="utf-8") as fh:
+        loaded = json.load(fh)
+    table, hashes = loaded["files"], loaded["sha256"]
+    url = next((a for a in args if a in table), None)
+    if url is None:
+        shims = os.path.join(os.path.dirname(os.path.abspath(urls_path)), "bin")
+        path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                               if p and os.path.abspath(p) != shims)
+        real = shutil.which(tool, path=path)
+        if real is None:
+            print(f"{tool}: not installed, and none of {list(args)} is in the download cache", file=sys.stderr)
+            return 127
+        return subprocess.call([real, *args])
+    flag = "-O" if tool == "wget" else "-o"
+    out = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            out = args[i + 1]
+        elif arg.startswith(flag) and len(arg) > 2:
+            out = arg[2:]
+        elif tool == "wget" and arg.startswith("--output-document="):
+            out = arg.split("=", 1)[1]
+        elif tool == "curl" and arg.startswith("--output="):
+            out = arg.split("=", 1)[1]
+    out = out or os.path.basename(url.split("?")[0])
+    if file_hashes(table[url])[0] != hashes[url]:
+        print(f"{tool}: the download cache's {table[url]} no longer has sha256 {hashes[url]} ({url})", file=sys.stderr)
+        return 1
+    shutil.copyfile(table[url], out)
+    print(f"{tool}: {url} from the download cache ({table[url]}, sha256 {hashes[url]})", file=sys.stderr)
+    return 0
 
 
 def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any], repo_path: str,
@@ -551,11 +759,11 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
     log_path = os.path.join(root, "logs", f"{row['instance_id']}.log")
     if os.path.exists(log_path):
         os.unlink(log_path)
-    checkout(repo_path, row["base_commit"], dest, where)
+    blobs = checkout(repo_path, row["base_commit"], dest, where, config.download_cache)
     copy_env(env["env_dir"], venv)
     record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
                               "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python"),
-                              "log": log_path}
+                              "log": log_path, "blobs_from_download_cache": blobs}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
         (record["skipped"] if on_system(command) else record["commands"]).append(command)
     if record["commands"]:
@@ -565,8 +773,13 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
             progress(f"{where}: install step (log: {log_path})")
         # the harness's repository is /testbed: here it is the work tree
         script = "set -euxo pipefail\n" + "\n".join(c.replace("/testbed", dest) for c in record["commands"]) + "\n"
+        seeded = None
+        if config.download_cache:
+            seeded = seed_download_cache(config.download_cache, os.path.join(root, "download-cache"),
+                                         [row["repo"].split("/")[-1]])
+            record["download_cache"] = {"folder": os.path.abspath(config.download_cache), **seeded}
         _run(["bash", "-c", script], dest, venv, config.command_timeout_s, f"{where}: pre_install/install", log_path,
-             progress)
+             progress, extra_env=seeded)
     record["tox_shims"] = tox_current_env_shims(dest, record["python"], spec.get("test_cmd"))
     record["relocated"] = relocate_install(venv, dest, config.workdir)
     record["generated_files"] = generated(dest)
@@ -875,10 +1088,13 @@ def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
             "python_version": env["python_version"], "python_fallback": env["python_requested"] != env["python_version"],
             "test_command": test_command(spec.get("test_cmd")), "pre_test": kept, "pre_test_notes": notes,
             "env_commands": env["commands"], "env_skipped_packages": env.get("skipped_packages", []),
+            "env_build_tool_caps": env.get("build_tool_caps", []),
             "env_log": env.get("log"), "env_build_s": env.get("build_s"), "env_reused": env["reused"],
             "not_gradable": not_gradable(row, spec, inst["skipped"], inst["checkout"]),
             **{k: inst[k] for k in ("checkout", "commands", "skipped", "relocated", "generated_files", "install_s",
-                                    "reused")}, "log": inst.get("log")}
+                                    "reused")}, "log": inst.get("log"),
+            "blobs_from_download_cache": inst.get("blobs_from_download_cache", []),
+            "download_cache": inst.get("download_cache")}
 
 
 def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
