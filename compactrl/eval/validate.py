@@ -143,6 +143,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
     p.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
     p.add_argument("--json-out", default=None, metavar="FILE", help="write the JSON report (every task's record) to FILE")
+    p.add_argument("--install-system-packages", action="store_true",
+                   help="Terminal-Bench: first apt-get install the packages the tasks' Dockerfiles (or reference "
+                        "solutions) install and this machine lacks (needs root; each command printed and recorded in "
+                        "~/.cache/compactrl/system-packages.jsonl), then load the tasks again")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,6 +155,11 @@ def run(args: argparse.Namespace) -> int:
     sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
     args.tasks = args.source
     tasks = _load_tasks(args)
+    if getattr(args, "install_system_packages", False):
+        from compactrl.envs.loaders.tb_local_build import install_for_tasks
+
+        if install_for_tasks(tasks):
+            tasks = _load_tasks(args)
     if not tasks:
         raise ValueError(f"{args.source}: no tasks to validate")
     started = time.monotonic()

@@ -80,3 +80,16 @@ def task_files(spec: TaskSpec, limit: int) -> tuple[dict[str, str], list[str], D
     if outside:
         facts.image_only.append(f"COPY to {len(outside)} path(s) outside the work dir, e.g. {outside[0]}")
     return files, skipped, facts
+
+
+def executable_files(spec: TaskSpec, facts: DockerfileFacts) -> list[str]:
+    """Work-dir-relative paths of the copied files that are executable in the build context (``COPY``
+    keeps a file's mode: ``mv tool.py /usr/local/bin/tool`` then runs it)."""
+    root = (facts.workdir or "").rstrip("/") + "/"
+    out = []
+    for src, dest in facts.copies if spec.dockerfile else []:
+        path = os.path.join(spec.context or spec.folder, src)
+        if not src.startswith(INLINE) and facts.workdir and dest.startswith(root) and os.path.isfile(path) \
+                and os.access(path, os.X_OK):
+            out.append(dest[len(root):])
+    return out

@@ -25,6 +25,7 @@ every episode (``metadata["local_state"]``); nothing is downloaded during an epi
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -59,7 +60,8 @@ _IMAGE_ONLY = {"curl", "wget", "npm", "npx", "yarn", "pnpm", "gem", "bundle", "c
                "pdm", "hatch", "conan", "vcpkg", "bun", "deno", "mvn", "gradle", "sbt", "dotnet", "composer",
                "cpan", "cpanm", "R", "Rscript", "julia", "opam", "cabal", "stack", "nix", "git-lfs", "docker",
                "podman", "mysql", "psql", "redis-server", "mongod", "nginx"}
-_NOOP = {"chown", "useradd", "adduser", "groupadd", "addgroup", "usermod", "passwd", "chgrp", "ldconfig",
+# mandb: the man pages' index cache (no grader reads it)
+_NOOP = {"chown", "mandb", "useradd", "adduser", "groupadd", "addgroup", "usermod", "passwd", "chgrp", "ldconfig",
          "update-ca-certificates"}
 _GIT_NETWORK = {"clone", "fetch", "pull", "submodule", "ls-remote"}
 _CARGO_NETWORK = {"install", "fetch", "update", "add", "search", "publish"}
@@ -213,8 +215,13 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
                            and not t.startswith(("/tmp/", "/var/tmp/", "/var/log/")) for t in targets):
-        # `rm -rf` of a system file that this machine lacks "succeeds" and changes nothing here
-        return Segment(text, words, "image", "removes system files: the effect exists only in the image")
+        # `rm -rf` of a system file that this machine lacks "succeeds" and changes nothing here; one it
+        # has is removed in the task's root layer
+        absent = [t for t in targets if t.startswith("/") and not glob.glob(t)]
+        if absent:
+            return Segment(text, words, "image", f"removes {absent[0]}, which this machine lacks (the image's own "
+                                                 "system files)")
+    return Segment(text, words, "run")
     return Segment(text, words, "run")
 
 
@@ -301,10 +308,73 @@ class Plan:
     """One line per package step mapped to this machine (for the task's notes)."""
     roots: list[str] = field(default_factory=list)
     """Top-level folders the steps use outside the system ones (:func:`task_roots`)."""
+    root_layer: bool = False
+    """The steps write system files (``/etc/...``, ``mv x /usr/local/bin/``, ``chmod 700 /protected``):
+    they run as root, as the engine runs them, and what they change under the system folders is kept
+    as the task's root layer (:func:`needs_root`)."""
+
+    tools: list[str] = field(default_factory=list)
+    """Wheels of tools a known installer script would fetch (``uv==0.5.11`` for astral.sh's uv
+    installer), installed at prepare time under ``tools/<name>-<version>`` of the state (:func:`map_installers`)."""
 
     def to_json(self) -> dict:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
-                "roots": self.roots}
+                "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
+                **({"tools": self.tools} if self.tools else {})}
+
+
+# `curl -LsSf https://astral.sh/uv/0.5.11/install.sh | sh` (wget -qO- too; optional env assignments)
+_UV_INSTALLER = re.compile(r"(?:curl|wget)\s[^|;&\n]*?https?://astral\.sh/uv/(?:(\d+\.\d+(?:\.\d+)?)/)?install\.sh"
+                           r"[^|;&\n]*\|\s*(?:env\s+(?:\w+=\S*\s+)*)?(?:sh|bash)\b(?:\s+-s\b)?(?:\s+--\s+[^;&|\n]*)?")
+TOOLS_MARK = "__TOOLS__"
+
+
+def map_installers(command: str) -> tuple[str, list[str], list[str]]:
+    """``(command, wheels, notes)``: well-known installer scripts piped to a shell replaced by the same
+    tool from PyPI, copied where the installer puts it. astral.sh's uv installer: the ``uv`` wheel
+    of that version (its ``uv`` and ``uvx``) into ``$XDG_BIN_HOME`` or ``~/.local/bin`` (0.5 and
+    later; ``~/.cargo/bin`` before), with the ``env`` file it writes there."""
+    wheels: list[str] = []
+    notes: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        version = m.group(1)
+        req = f"uv=={version}" if version else "uv"
+        wheels.append(req)
+        old = bool(version) and tuple(int(x) for x in version.split(".")[:2]) < (0, 5)
+        dest = '"${CARGO_HOME:-$HOME/.cargo}/bin"' if old else '"${XDG_BIN_HOME:-$HOME/.local/bin}"'
+        src = f"{TOOLS_MARK}/{req.replace('==', '-')}/bin"
+        notes.append(f"astral.sh's uv installer ({version or 'latest'}): {req} from PyPI at prepare time, "
+                     f"copied to {dest.strip(chr(34))}")
+        env_line = 'case ":$PATH:" in *:"$D":*) ;; *) export PATH="$D:$PATH" ;; esac'
+        return (f"{{ D={dest}; mkdir -p \"$D\" && cp {src}/uv {src}/uvx \"$D/\" && "
+                f"printf '%s\\n' 'D='{shlex.quote(dest)} {shlex.quote(env_line)} > \"$D/env\"; }}")
+
+    return _UV_INSTALLER.sub(sub, command), wheels, notes
+
+
+_SYSTEM_TOPS = {"etc", "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"}
+
+
+def needs_root(words: list[str]) -> bool:
+    """Whether a ``RUN`` command (its words) changes what only root may change: a path under the system
+    folders (``/etc``, ``/usr``...) named as an argument, or a mode/owner change of a path outside the
+    work dir (``chmod 700 /protected``). Reading a system path (``python3 /usr/bin/x``) also counts: a
+    root build changes nothing for such a step."""
+    if not words:
+        return False
+    cmd = os.path.basename(words[0])
+    if cmd in ("cat", "ls", "test", "[", "echo", "printf") and not any(w in (">", ">>") or w.startswith(">")
+                                                                        for w in words):
+        return False
+    for w in words[1:]:
+        path = w.split("=", 1)[-1]
+        if path.startswith("/") and path.strip("/").split("/")[0] in _SYSTEM_TOPS:
+            return True
+        if cmd in ("chmod", "chown", "chgrp", "chattr", "setfacl") and path.startswith("/") \
+                and not path.startswith(("/tmp", "/app")):
+            return True
+    return False
 
 
 def _expand(value: str, env: dict[str, str]) -> str:
@@ -348,8 +418,152 @@ def solution_network(script: str | None) -> str | None:
             if seg.action == "apt":
                 missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                 if missing:
-                    return f"apt-get install {' '.join(missing)}, which this machine lacks"
+                    return f"apt-get install {' '.join(missing)}, which this machine lacks{INSTALL_HINT}"
     return None
+
+
+_WRITERS = {"cp", "mv", "install", "ln", "tee", "rm", "mkdir", "touch", "sed", "chmod", "truncate"}
+
+
+def solution_system_writes(script: str | None) -> str | None:
+    """The first system file (under ``/etc``, ``/usr``...) a reference solution writes, moves or removes
+    (``cat > /etc/nginx/conf.d/x``, ``sed -i ... /etc/x``, ``rm -f /etc/nginx/sites-enabled/default``),
+    or None. The image's agent is root; the local sandbox's shell is not, so such a solution can only
+    change the system files its task's root layer put there."""
+    for line in (script or "").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        m = re.search(r"(?<![<\d&])>>?\s*(/(?:etc|usr|bin|sbin|lib\w*)/[^\s;&|'\"]*)", line)
+        if m:
+            return m.group(1)
+        for text, _sep in split_segments(line):
+            words = _words(text)
+            if not words or os.path.basename(words[0]) not in _WRITERS:
+                continue
+            if words[0] == "sed" and not any(w.startswith("-i") for w in words):
+                continue
+            args = [w for w in words[1:] if not w.startswith("-")]
+            targets = args[-1:] if words[0] in ("cp", "mv", "install", "ln") else args
+            for t in targets:
+                if re.match(r"/(etc|usr|bin|sbin|lib\w*)/", t):
+                    return t
+    return None
+
+
+INSTALL_HINT = "; `compactrl tasks validate --install-system-packages` installs them here"
+GO_PACKAGES = re.compile(r"^(golang|golang-go|golang-\d+\.\d+(-go)?)$")
+
+
+def apt_packages(steps: list[dict], scripts: list[str | None] = ()) -> list[str]:
+    """Every package the Dockerfile's ``RUN`` steps (and the given scripts: a reference solution)
+    ``apt-get install``, in order, less the terminal session tools."""
+    out: list[str] = []
+    texts = [s["command"] for s in steps if s.get("op") == "run"] + [t for t in scripts if t]
+    for text in texts:
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            for piece, _sep in split_segments(line):
+                seg = classify(piece, {}, "")
+                if seg.action == "apt":
+                    out += [p for p in seg.detail if p not in SESSION_TOOLS and p not in out]
+    return out
+
+
+def apt_decision(packages: list[str], has=None, candidate=None) -> dict[str, str]:
+    """Per package: ``"installed"`` (here already), ``"installable"`` (apt has a candidate: ``--install-
+    system-packages`` installs it at prepare) or ``"unavailable"`` (no candidate in this machine's apt
+    sources: the task needs its image). ``has``/``candidate`` default to dpkg and ``apt-cache policy``."""
+    has = has or _host_has_package
+    candidate = candidate or apt_candidate
+    return {p: "installed" if has(p) else ("installable" if candidate(p) else "unavailable") for p in packages}
+
+
+def apt_candidate(name: str) -> str | None:
+    """The version apt would install (``apt-cache policy``), or None."""
+    try:
+        res = subprocess.run(["apt-cache", "policy", name], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Candidate:\s*(\S+)", res.stdout)
+    return m.group(1) if m and m.group(1) != "(none)" else None
+
+
+def install_system_packages(packages: list[str], record: str | None = None, echo=print) -> list[str]:
+    """``apt-get install -y --no-install-recommends`` the packages (after one ``apt-get update``): at
+    prepare time, never during an episode. Needs root. Each command is printed and appended, with
+    its result, to ``record`` (JSON lines). Returns what is installed afterwards; raises
+    ``RuntimeError`` with apt's last lines when apt fails."""
+    if not packages:
+        return []
+    if os.geteuid() != 0:
+        raise RuntimeError(f"installing system packages ({' '.join(packages)}) needs root: run as root, or "
+                           f"`apt-get install {' '.join(packages)}` yourself")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
+        echo("$ " + shlex.join(cmd))
+        started = time.monotonic()
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        if record:
+            os.makedirs(os.path.dirname(os.path.abspath(record)), exist_ok=True)
+            with open(record, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cmd,
+                                     "exit_code": res.returncode, "seconds": round(time.monotonic() - started, 1),
+                                     "tail": (res.stdout + res.stderr).strip().splitlines()[-5:]}) + "\n")
+        if res.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed ({res.returncode}): "
+                               + " | ".join((res.stdout + res.stderr).strip().splitlines()[-3:]))
+    return [p for p in packages if _host_has_package(p)]
+
+
+SYSTEM_PACKAGES_RECORD = os.path.join(os.path.expanduser("~"), ".cache", "compactrl", "system-packages.jsonl")
+
+
+def install_for_tasks(tasks, echo=print, record: str | None = None) -> list[str]:
+    """Install (apt) the system packages that tasks' Dockerfiles or reference solutions install and
+    this machine lacks (``metadata["system_packages"]``, set by the Terminal-Bench loader), when apt
+    has them; prints what it does and what apt lacks. Returns the packages installed (the caller loads
+    the tasks again: they are then planned with the packages present)."""
+    wanted: list[str] = []
+    for task in tasks:
+        wanted += [p for p in task.metadata.get("system_packages") or () if p not in wanted]
+    if not wanted:
+        echo("system packages: every package the tasks install is on this machine")
+        return []
+    decision = apt_decision(wanted)
+    unavailable = [p for p, d in decision.items() if d == "unavailable"]
+    if unavailable:
+        echo(f"system packages apt has no candidate for (those tasks stay not gradable): {' '.join(unavailable)}")
+    todo = [p for p, d in decision.items() if d == "installable"]
+    if not todo:
+        return []
+    echo(f"installing system packages for {sum(bool(t.metadata.get('system_packages')) for t in tasks)} task(s): "
+         f"{' '.join(todo)} (recorded in {record or SYSTEM_PACKAGES_RECORD})")
+    return install_system_packages(todo, record or SYSTEM_PACKAGES_RECORD, echo)
+
+
+def go_requirement(texts: list[str | None]) -> tuple[int, int] | None:
+    """The highest ``go 1.N`` line of the go.mod files a task writes or ships (in its solution's
+    heredocs, its build context): the Go its code is written for."""
+    found = [(int(a), int(b)) for t in texts if t for a, b in re.findall(r"(?m)^go (\d+)\.(\d+)(?:\.\d+)?\s*$", t)]
+    return max(found) if found else None
+
+
+def host_go_version(candidate=None) -> tuple[int, int] | None:
+    """The Go this machine has (``go version``), else the one apt would install (golang-go)."""
+    from compactrl.envs.sandbox.local import host_toolchains
+
+    go = shutil.which("go", path=":".join([BASE_PATH, *host_toolchains()[1]]))
+    text = ""
+    if go:
+        try:
+            text = subprocess.run([go, "version"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+    else:
+        text = (candidate or apt_candidate)("golang-go") or ""
+    m = re.search(r"(?:go|:)(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
@@ -372,12 +586,17 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                 env[name] = _expand(value, env)
         elif op == "copy":
             outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
+            if any(p[1].strip("/").split("/")[0] in _SYSTEM_TOPS for p in outside):
+                out.root_layer = True
             if outside:
                 inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
                 out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
         elif op == "run":
             pieces, why = [], None
-            for text, sep in split_segments(step["command"]):
+            command, wheels, notes = map_installers(step["command"])
+            out.tools += [w for w in wheels if w not in out.tools]
+            out.mapped += notes
+            for text, sep in split_segments(command):
                 seg = classify(text, files, context)
                 if seg.action == "image":
                     why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
@@ -386,7 +605,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                     if missing:
                         why = (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not installed on "
-                               f"this machine: {' '.join(missing)})")
+                               f"this machine: {' '.join(missing)}{INSTALL_HINT})")
                         break
                     absent = [p for p in seg.detail if p in SESSION_TOOLS and not _host_has_package(p)]
                     out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
@@ -401,6 +620,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     text = " true "
                 elif seg.action == "noop":
                     text = " true "
+                elif needs_root(seg.words) or re.search(r">\s*/(etc|usr|bin|sbin|lib)\b", text):
+                    out.root_layer = True
                 pieces.append(text + sep)
             if why:
                 return None, why
@@ -440,7 +661,7 @@ class PrepareError(RuntimeError):
     """A Dockerfile step failed locally; the message is the task's not_gradable reason."""
 
 
-STATE_VERSION = 3
+STATE_VERSION = 4
 """Bumped when how a state is built changes, so no state (nor a failure) of an older build is reused."""
 
 
@@ -482,6 +703,9 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
         if state.get("error"):
             raise PrepareError(state["error"])
         return dest
+    if build.get("tools") and not allow_download:
+        raise PrepareError(f"needs preparing: {' '.join(build['tools'])} from PyPI (run the loader with prepare=True, "
+                           "or `compactrl tasks validate`, before the episode)")
     if build.get("pip") and not allow_download:
         raise PrepareError(f"needs preparing: pip install {' '.join(build['pip'])} (run the loader with "
                            "prepare=True, or `compactrl tasks validate`, before the episode)")
@@ -490,7 +714,19 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
     os.chmod(tmp, 0o755)  # the sandbox's unprivileged user reads it (roots.tar, site/)
     started = time.monotonic()
     try:
-        error = _build(task, build, tmp, timeout_s, sandbox_options or {})
+        root = bool(build.get("root_layer"))
+        error = _build(task, build, tmp, timeout_s, sandbox_options or {}, root=root and os.geteuid() == 0)
+        if error and _root_would_help(error):
+            # a step wrote where only root may (the plan did not see it coming): again, as root
+            if os.geteuid() != 0:
+                error += " (its steps need root, as the engine runs them: run compactrl as root for a root layer)"
+            else:
+                shutil.rmtree(tmp)
+                os.mkdir(tmp, 0o755)
+                error = _build(task, build, tmp, timeout_s, sandbox_options or {}, root=True)
+        elif root and os.geteuid() != 0:
+            error = ("needs its image: its steps change system files (a root layer needs compactrl to run as root "
+                     "here)")
         with open(os.path.join(tmp, "state.json"), "w") as fh:
             json.dump({"task": task.id, "key": build["key"], "error": error,
                        "seconds": round(time.monotonic() - started, 1), "python": sys.executable}, fh)
@@ -504,8 +740,14 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
     return dest
 
 
-def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str | None:
-    """Run the plan into ``out`` (``work/``, ``roots.tar``, ``site/``); the failure reason or None."""
+def _root_would_help(error: str) -> bool:
+    return "failed here" in error and any(m in error for m in ("Read-only file system", "Operation not permitted",
+                                                               "Permission denied"))
+
+
+def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: bool = False) -> str | None:
+    """Run the plan into ``out`` (``work/``, ``roots.tar``, ``site/``, and with ``root`` the steps run as
+    root with ``layer/`` receiving what they change under the system folders); the failure reason or None."""
     from compactrl.envs.sandbox.local import LocalSandbox
     from compactrl.envs.task import Check, Task
 
@@ -523,6 +765,17 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
         if res.returncode != 0:
             tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
             return f"needs its image: pip install {' '.join(build['pip'])} (pip failed here: {' | '.join(tail)[-300:]})"
+    for req in build.get("tools") or ():
+        target = os.path.join(out, "tools", req.replace("==", "-"))
+        cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
+               "--only-binary=:all:", "--no-deps", "--target", target, req]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"needs its image: {req} from PyPI for its installer step (timed out after {timeout_s:g}s)"
+        if res.returncode != 0:
+            tail = (res.stdout + res.stderr).strip().splitlines()[-2:]
+            return f"needs its image: {req} from PyPI for its installer step (pip failed here: {' | '.join(tail)[-300:]})"
     outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
             for src, dest in s["pairs"]]
     stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
@@ -532,18 +785,26 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
     meta["writable_paths"] = sorted({*meta.get("writable_paths", ()), *build.get("roots", ())})
     box = Task(id=task.id, kind="terminal", instruction="prepare", files=files, check=Check(kind="script", command="true"),
                metadata=meta | {"env": _site_env(build.get("env") or {}, site)})
+    layer = os.path.join(out, "layer")
+    if root:
+        os.mkdir(layer, 0o755)
+        options = {**options, "root_layer": layer, "root_layer_writable": True}
     sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
                                "output_limit_bytes": 16 << 20,
                                "ro_binds": (out,)} | options))
     sandbox.start(box)
     try:
+        modes = [shlex.quote(p) for p in task.metadata.get("executable_files") or () if p in task.files]
+        if modes:  # the modes COPY keeps
+            sandbox.exec(f"chmod +x -- {' '.join(modes)}")
         index = 0
         for step in build["steps"]:
             if step["op"] == "copy_out":
                 for _src, dest in step["pairs"]:
                     q = shlex.quote(dest)
                     staged = shlex.quote(f"{sandbox._workdir}/{STAGE_DIR}/{index}")
-                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {staged} {q}")
+                    mode = " && chmod +x " + q if _context_executable(task, _src) else ""
+                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {staged} {q}{mode}")
                     index += 1
                     if res.exit_code != 0:
                         return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
@@ -553,7 +814,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
             path = env.get("PATH", BASE_PATH)
             command = (f"{exports}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
                        f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
-                       f"/bin/sh -c {shlex.quote(step['command'])}")
+                       f"/bin/sh -c {shlex.quote(step['command'].replace(TOOLS_MARK, os.path.join(out, 'tools')))}")
             res = sandbox.exec(command, timeout_s=timeout_s)
             if res.exit_code != 0:
                 tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
@@ -569,7 +830,25 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict) -> str 
         shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
     finally:
         sandbox.close()
+        if root:
+            _finish_layer(layer, sandbox.config.sandbox_uid)
     return None
+
+
+def _finish_layer(layer: str, owner: int = 65534) -> None:
+    """Drop overlayfs's work folders and empty system folders; no layer at all when nothing changed.
+    What is left belongs to the sandbox's uid: the image's agent is root and may change or remove what
+    the steps put there (``rm /etc/service_config.ini``); the local sandbox's shell is that uid."""
+    shutil.rmtree(os.path.join(layer, ".work"), ignore_errors=True)
+    for dirpath, dirnames, filenames in os.walk(layer):
+        for name in [*dirnames, *filenames]:
+            os.lchown(os.path.join(dirpath, name), owner, owner)
+    for name in os.listdir(layer) if os.path.isdir(layer) else ():
+        path = os.path.join(layer, name)
+        if os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)
+    if os.path.isdir(layer) and not os.listdir(layer):
+        os.rmdir(layer)
 
 
 def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
@@ -597,6 +876,11 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
 
 def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
     return {k: v.replace("__SITE__", site) for k, v in env.items()}
+
+
+def _context_executable(task, src: str) -> bool:
+    path = os.path.join((task.metadata.get("image_build") or {}).get("context", ""), src)
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _read_context(task, src: str) -> str | None:

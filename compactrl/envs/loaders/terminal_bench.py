@@ -41,12 +41,18 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from compactrl.envs.loaders.tb_files import read_limited, task_files
+from compactrl.envs.loaders.tb_files import executable_files, read_limited, task_files
 from compactrl.envs.loaders.tb_local_build import (
+    GO_PACKAGES,
     PrepareError,
+    _host_has_package,
+    apt_packages,
     digest_of,
+    go_requirement,
+    host_go_version,
     solution_network,
     solution_requirements,
+    solution_system_writes,
 )
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
@@ -271,6 +277,8 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     if spec.dockerfile:  # the docker backend builds the task's own image from it (unless given one)
         meta["image_build"] = {"context": os.path.abspath(spec.context), "dockerfile": os.path.abspath(spec.dockerfile)}
     meta["writable_paths"] = list(WRITABLE_PATHS)
+    if executables := executable_files(spec, facts):
+        meta["executable_files"] = executables
     meta["limits"] = _limits(spec, config)
     # the harness's agent works in one tmux session: a server it starts in the background is still
     # running when the tests run
@@ -309,6 +317,17 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     fetch = solution_network(meta.get("solution_sh"))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
+    writes = solution_system_writes(meta.get("solution_sh"))
+    if writes and not why and not (plan is not None and plan.root_layer):
+        plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
+                           f"({writes}); the local sandbox's shell is unprivileged")
+    packages = apt_packages(facts.steps, [meta.get("solution_sh")])
+    go_why = _go_too_old(spec, packages, files, meta.get("solution_sh"))
+    if go_why:
+        plan, why = None, go_why
+    elif missing := [p for p in packages if not _host_has_package(p)]:
+        # what `compactrl tasks validate --install-system-packages` installs on this machine
+        meta["system_packages"] = missing
     if not spec.dockerfile and not why:
         return
     # what the local backend cannot replay is now exactly the reason below (the rest is replayed or mapped)
@@ -323,6 +342,27 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
+
+
+def _go_too_old(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None) -> str | None:
+    """Why a Go task cannot be graded faithfully here: the ``go`` line of the go.mod its solution writes
+    or its context ships asks for a newer Go than this machine's (or apt's) golang-go."""
+    dockerfile = (_text(spec.dockerfile) or "") if spec.dockerfile else ""
+    from_go = re.search(r"(?im)^FROM\s+(?:\S+/)?golang:(\d+\.\d+)?", dockerfile)
+    if not (from_go or any(GO_PACKAGES.match(p) for p in packages)):
+        return None
+    # the image's Go (golang:1.26) and the go lines of the go.mod files its steps, context or solution write
+    texts = [solution, re.sub(r"\\n", "\n", dockerfile),
+             *(text for rel, text in files.items() if rel.rsplit("/", 1)[-1] == "go.mod"),
+             *([f"go {from_go.group(1)}"] if from_go and from_go.group(1) else [])]
+    for dirpath, _dirs, names in os.walk(spec.context or spec.folder):
+        texts += [_text(os.path.join(dirpath, "go.mod"))] if "go.mod" in names else []
+    need, have = go_requirement(texts), host_go_version()
+    if need and have and need > have:
+        return (f"needs Go {need[0]}.{need[1]} (its image's Go or the go line of a go.mod it writes), newer than this "
+                f"machine's Go {have[0]}.{have[1]} (Debian 12's golang-go; a newer Go on PATH, e.g. bookworm-"
+                "backports' golang-1.2x, would do)")
+    return None
 
 
 def _prepared(task: Task, config: TerminalBenchConfig) -> Task:
