@@ -36,6 +36,9 @@ OUT = os.path.join(HERE, "results", "swebench_real.md")
 SANDBOX = {"pytest_plugin_autoload": True, "output_limit_bytes": 64 << 20, "test_output_limit_bytes": 64 << 20,
            "memory_bytes": 8 << 30}
 """As the harness runs the tests (every plugin of the environment loads); the whole log kept for parity."""
+HARNESS_TIMEOUT_S = 1800.0
+"""The harness's default limit of one instance's evaluation (``run_evaluation --timeout``): sympy-13437's
+``test_bell`` alone takes 830 s here with the gold patch, near the loader's 900 s default."""
 
 
 def _parse() -> argparse.Namespace:
@@ -175,7 +178,8 @@ def main() -> int:
         return 0
     done = {r["id"] for r in results}
     ready = [] if args.table_only else [i for i in ids if i in prepared and i not in done]
-    tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path),
+    tasks = load_swebench(args.rows, SWEBenchConfig(repos_root=args.repos_root, specs=specs_path,
+                                                    test_timeout_s=HARNESS_TIMEOUT_S),
                           instance_ids=ready) if ready else []
     tasks.sort(key=lambda t: ids.index(t.id))  # in --instance-ids order (e.g. one row per repository first)
     for task in tasks:
