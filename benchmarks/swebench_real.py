@@ -192,7 +192,8 @@ def main() -> int:
             print(f"{task.id}: not gradable: {task.metadata['not_gradable']}", flush=True)
             continue
         gold, noop = _run(task, GoldPolicy(), logs_dir, "gold"), _run(task, NoopPolicy(), logs_dir, "noop")
-        results.append({**base, "gold": gold, "noop": noop, "ok": gold["resolved"] and not noop["resolved"]})
+        results.append({**base, "gold": gold, "noop": noop, "ok": gold["resolved"] and not noop["resolved"],
+                        "run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
         print(f"{task.id}: gold {gold['resolved']} ({gold['seconds']} s, oracle {gold['oracle']}), "
               f"noop {noop['resolved']} ({noop['seconds']} s, oracle {noop['oracle']})", flush=True)
         _write(args, results, failed, prepare_s, load_before, os.getloadavg(), partial=True)
@@ -213,6 +214,18 @@ def _write(args, results, failed, prepare_s, load_before, load_after, partial: b
         json.dump({"results": results, "failed": failed, "prepare_s": prepare_s, "load_before": list(load_before)},
                   fh, indent=1)
     os.replace(os.path.splitext(args.out)[0] + ".json.tmp", os.path.splitext(args.out)[0] + ".json")
+
+
+def _reuse_note(run: list[dict]) -> str:
+    """Which rows ran in this table's last invocations and which were kept from earlier ones."""
+    dated = sorted({r["run_at"][:10] for r in run if r.get("run_at")})
+    kept = [r["id"] for r in run if not r.get("run_at")]
+    text = (f"{len(run) - len(kept)} rows ran with `run_at` recorded in the JSON ({', '.join(dated) or '-'}); "
+            if len(kept) < len(run) else "")
+    if kept:
+        text += (f"{len(kept)} rows were kept from an earlier run of this script through `--resume` (their JSON "
+                 "records and saved logs; parity recomputed from the logs on every write), not run again.")
+    return text
 
 
 def _yn(v: dict, key: str = "resolved") -> str:
@@ -240,6 +253,7 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
         f"Machine: {os.cpu_count()} cores, shared with other jobs; load average (1 min) {load_before[0]:.2f} when the "
         f"run started, {load_after[0]:.2f} at this write; Python {platform.python_version()}. "
         f"Preparation (from an empty envs folder unless reused): {prepare_s:.0f} s.", "",
+        _reuse_note(run), "",
         f"Command: `nice -n 10 python benchmarks/swebench_real.py {' '.join(sys.argv[1:])}`", "",
         "Parity: the test log of each run graded by `swebench.harness.grading` (5.x: `get_logs_eval`, "
         "`get_eval_tests_report`, `get_resolution_status`, the repository's parser from `MAP_REPO_TO_PARSER_PY`) "
