@@ -106,9 +106,10 @@ class TerminalBenchConfig:
     not gradable. Otherwise the local sandbox prepares at a task's first episode, without downloads."""
     local_cache: str | None = None
     """Where prepared states are kept (default ``$COMPACTRL_TB_LOCAL_CACHE`` or ``~/.cache/compactrl/tb-local``)."""
-    file_size_bytes: int = 8 << 30
+    file_size_bytes: int = 32 << 30
     """Task-level file size limit on the local backend (a test may write or truncate a file past the
-    sandbox's default 256 MiB)."""
+    sandbox's default 256 MiB: database-seeding truncates a sparse file to the free space of its /tmp
+    plus 8 GiB, which takes no disk; an image has no such limit at all)."""
     memory_bytes: int = 16 << 30
     """Task-level address-space limit on the local backend (runtimes such as Node, Go and the JVM
     reserve far more address space than they use); a 2.x ``memory_mb`` above it wins."""
@@ -117,6 +118,10 @@ class TerminalBenchConfig:
     cpu_time_s: int = 3600
     """Task-level CPU-seconds limit per process on the local backend."""
     writable_bytes: int = 2 << 30
+    command_timeout_s: int = 180
+    """Task-level wall-clock limit of one shell command on the local backend (the sandbox's default is
+    30 s; the harness waits up to 180 s per command, and a reference solution compiling Rust or Go
+    runs longer than 30 s)."""
     """Size of each private writable folder (``/root``, ``/opt``, ``/logs``...) on the local backend."""
 
     def __post_init__(self) -> None:
@@ -127,7 +132,7 @@ class TerminalBenchConfig:
         if self.backend not in (None, "sim", "local", "docker"):
             raise ValueError(f"TerminalBenchConfig.backend: expected None, 'local' or 'docker', got {self.backend!r}")
         for name in ("max_turns", "max_file_bytes", "file_size_bytes", "memory_bytes", "max_processes", "cpu_time_s",
-                     "writable_bytes"):
+                     "writable_bytes", "command_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TerminalBenchConfig.{name}: expected >= 1, got {getattr(self, name)!r}")
 
@@ -297,7 +302,8 @@ def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
     """The local sandbox's limits for this task (``metadata["limits"]``; each hit is named in the verdict)."""
     memory = max(config.memory_bytes, (spec.memory_mb or 0) << 20)
     return {"file_size_bytes": config.file_size_bytes, "memory_bytes": memory, "max_processes": config.max_processes,
-            "cpu_time_s": config.cpu_time_s, "writable_bytes": config.writable_bytes}
+            "cpu_time_s": config.cpu_time_s, "writable_bytes": config.writable_bytes,
+            "timeout_s": config.command_timeout_s}
 
 
 def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
