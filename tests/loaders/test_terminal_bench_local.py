@@ -95,7 +95,8 @@ def test_a_task_that_needs_its_image_is_flagged_before_any_episode(cache, capsys
     folder = os.path.join(LOCAL, "needs-image")
     task = _load("needs-image", cache)
     reason = ("needs its image: RUN apt-get update && apt-get install -y compactrl-absent-tool "
-              "(apt packages not installed on this machine: compactrl-absent-tool)")
+              "(apt packages not installed on this machine: compactrl-absent-tool; `compactrl tasks validate "
+              "--install-system-packages` installs them here)")
     assert task.metadata["not_gradable"] == reason
     # the docker backend builds the image, so only a local load flags it; the local sandbox refuses it anyway
     other = load_task_dir(folder, TerminalBenchConfig(backend="docker"))

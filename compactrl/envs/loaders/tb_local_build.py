@@ -180,7 +180,9 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
     if cmd in _APT:
         if sub != "install":
             return Segment(text, words, "noop")
-        pkgs = [re.split(r"[=:]", w)[0] for w in rest[rest.index("install") + 1:] if not w.startswith("-")]
+        args = rest[rest.index("install") + 1:]
+        args = args[:next((i for i, w in enumerate(args) if w.startswith("#")), len(args))]  # a trailing comment
+        pkgs = [re.split(r"[=:]", w)[0] for w in args if not w.startswith("-")]
         return Segment(text, words, "apt", pkgs)
     pip_args = None
     if _PIP.match(cmd):

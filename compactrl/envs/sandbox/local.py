@@ -117,6 +117,17 @@ class LocalSandboxConfig:
     host_toolchains: bool = True
     """Mount the host's toolchains that live outside the system folders (rustup's ``cargo``, a Go
     outside ``/usr``) read-only and put them on PATH (:func:`host_toolchains`)."""
+    root_layer: str | None = None
+    """A host folder whose subfolders named as system folders (``usr/``, ``etc/``) lie over those
+    folders inside (overlayfs): the files a task's image adds, changes or removes there (removals as
+    overlayfs whiteouts). Those folders are writable in the episode (a private upper layer in the
+    session dir, gone at close), as far as the layer's owners allow: a prepared layer belongs to the
+    sandbox's uid, so the shell may change what the image's steps put there (the image's root could).
+    A task's prepared state brings its own (``<local_state>/layer``). Needs root; such a sandbox
+    isolates with unshare (bubblewrap 0.8 has no overlays)."""
+    root_layer_writable: bool = False
+    """Prepare only: the shell runs as root, as an image's ``RUN`` steps do, and what it writes under
+    the system folders goes into ``root_layer`` (the overlays' upper layer); still no network."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", "bwrap", "unshare"):
@@ -138,6 +149,11 @@ class LocalSandboxConfig:
         bad = [p for p in self.ro_binds if not (isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p))]
         if isinstance(self.ro_binds, str) or bad:
             raise ValueError(f"ro_binds must be a list of absolute paths of existing directories, got {self.ro_binds!r}")
+        if self.root_layer is not None and not (isinstance(self.root_layer, str) and os.path.isabs(self.root_layer)
+                                                and os.path.isdir(self.root_layer)):
+            raise ValueError(f"root_layer must be the absolute path of an existing directory, got {self.root_layer!r}")
+        if self.root_layer_writable and self.root_layer is None:
+            raise ValueError("root_layer_writable needs root_layer (the folder that receives the writes)")
         bad = [p for p in self.writable_paths if _writable_problem(p)]
         if isinstance(self.writable_paths, str) or bad:
             raise ValueError(f"writable_paths must be absolute folders outside /, the system folders, /proc, /dev "
@@ -204,6 +220,14 @@ def choose_isolation(requested: Isolation, uid: int = 65534) -> str:
         + ". Install bubblewrap (apt-get install bubblewrap) or util-linux's unshare, "
         "and allow user namespaces (sysctl user.max_user_namespaces > 0)."
     )
+
+
+def _root_layer_isolation() -> str:
+    """The isolation of a sandbox with a root layer: unshare as root (it mounts the overlays)."""
+    if os.geteuid() != 0:
+        raise SandboxError("a root layer (a task whose image changes system files) needs compactrl to run as root "
+                           "(overlay mounts over /usr and /etc)")
+    return choose_isolation("unshare")
 
 
 def _host_binds(python: str, extra: tuple[str, ...] = ()) -> tuple[list[tuple[str, str]], list[str]]:
@@ -361,10 +385,12 @@ class LocalSandbox:
             tree = task.metadata.get("work_tree")
             if tree:  # the tree a harness sees (modes, symlinks, what its install built), then the files
                 copy_tree(str(tree), os.path.join(self.session_dir, "work"), self._files().owner)
-            for path, content in task.files.items():
-                self._files().write_bytes(work_rel(path), file_bytes(content))
             state = self._state = self._local_state(task)
-            if state and os.path.isdir(os.path.join(state, "work")):  # a Dockerfile's replayed steps
+            replayed = bool(state and os.path.isdir(os.path.join(state, "work")))
+            # a replayed work dir is the task's files after its steps (`mv tool.py /usr/local/bin/` took one away)
+            for path, content in ({} if replayed else task.files).items():
+                self._files().write_bytes(work_rel(path), file_bytes(content))
+            if replayed:  # a Dockerfile's replayed steps
                 copy_tree(os.path.join(state, "work"), os.path.join(self.session_dir, "work"), self._files().owner)
             self._launch()
             if state and os.path.isfile(os.path.join(state, "roots.tar")):  # ... and what they wrote outside
@@ -466,6 +492,8 @@ class LocalSandbox:
 
     def _launch(self) -> None:
         assert self.session_dir is not None
+        if self._root_layer() and self.isolation != "unshare":
+            self.isolation = _root_layer_isolation()
         argv, fds = self._bwrap_argv() if self.isolation == "bwrap" else self._unshare_argv()
         try:
             self._proc = subprocess.Popen(
@@ -559,6 +587,46 @@ class LocalSandbox:
                  "--chdir", self._workdir, "--remount-ro", "/", *tail]
         return argv, []
 
+    # ------------------------------------------------------------------------------ root layer
+    def _root_layer(self) -> str | None:
+        """The folder whose ``usr/``, ``etc/``... lie over the system folders: the configured one, or
+        the ``layer/`` of the task's prepared state (a Dockerfile's steps that changed system files)."""
+        if self.config.root_layer:
+            return self.config.root_layer
+        layer = os.path.join(self._state, "layer") if self._state else None
+        return layer if layer and os.path.isdir(layer) else None
+
+    def _root_layer_mounts(self, binds: list[str]) -> list[tuple[str, str]]:
+        """``[(system folder, mount line)]`` of the unshare script: an overlay of the layer's folder of
+        that name over the host's with a private upper layer, or (prepare) the layer's folder as upper."""
+        layer = self._root_layer()
+        if not layer:
+            return []
+        q, out = shlex.quote, []
+        for path in binds:
+            name = path.strip("/")
+            if name not in _SYSTEM_DIRS:
+                continue
+            upper = os.path.join(layer, name)
+            if self.config.root_layer_writable:
+                work = os.path.join(layer, ".work", name)
+                os.makedirs(upper, exist_ok=True)
+                os.makedirs(work, exist_ok=True)
+                opts = f"lowerdir={path},upperdir={upper},workdir={work}"
+            elif os.path.isdir(upper) and os.listdir(upper):
+                assert self.session_dir is not None
+                mine, work = (os.path.join(self.session_dir, "layer", kind, name) for kind in ("upper", "work"))
+                os.makedirs(mine)
+                os.makedirs(work)
+                st = os.stat(upper)  # the merged folder's owner and mode are its upper layer's
+                os.chown(mine, st.st_uid, st.st_gid)
+                os.chmod(mine, st.st_mode & 0o7777)
+                opts = f"lowerdir={upper}:{path},upperdir={mine},workdir={work}"
+            else:
+                continue
+            out.append((path, f'mkdir -p "$R"{q(path)}; mount -t overlay compactrl-layer -o {q(opts)} "$R"{q(path)}'))
+        return out
+
     def _unshare_argv(self) -> tuple[list[str], list[int]]:
         cfg, session = self.config, self.session_dir
         assert session is not None
@@ -584,7 +652,9 @@ class LocalSandbox:
         for path in self._writable():
             lines.append(f'mkdir -p "$R"{q(path)}; mount -t tmpfs -o mode=1777,size={self._limit("writable_bytes")} '
                          f'tmpfs "$R"{q(path)}')
-        mounts = [(p, p, True) for p in binds]
+        layered = self._root_layer_mounts(binds)
+        lines += [line for _path, line in layered]
+        mounts = [(p, p, True) for p in binds if p not in dict(layered)]
         mounts += [(os.path.join(session, "work"), self._workdir, False),
                    (os.path.join(session, "opt"), _OPT_DIR, True)]
         for src, dst, ro in mounts:
@@ -600,6 +670,8 @@ class LocalSandbox:
             f"cd -- {q(self._workdir)}",
             f"exec {drop} unshare {' '.join(_inner_userns())} -- {' '.join((*_DIE_WITH_PARENT, *_SHELL))}",
         ]
+        if self.config.root_layer_writable:  # prepare: the image's RUN steps run as root
+            lines[-1] = f"exec setpriv --pdeathsig KILL -- {' '.join(_SHELL)}"
         user = [] if os.geteuid() == 0 else ["--map-root-user"]
         argv = ["setpriv", "--pdeathsig", "KILL", "unshare", *user, "--mount", "--net", "--pid", "--ipc",
                 "--uts", "--kill-child", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(lines)]
@@ -699,7 +771,14 @@ class LocalSandbox:
             raise SandboxError(f"the sandbox shell died (status {code}); the episode cannot continue")
 
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
-        return self._run(command, timeout_s or self.config.timeout_s, self.config.output_limit_bytes)
+        return self._run(command, timeout_s or self._command_timeout(), self.config.output_limit_bytes)
+
+    def _command_timeout(self) -> float:
+        """A command's default wall-clock limit: the task's own (``metadata["limits"]["timeout_s"]``:
+        a Terminal-Bench solution that compiles for a minute) or the configured one."""
+        own = (self.task.metadata.get("limits") or {}).get("timeout_s") if self.task else None
+        return float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 \
+            else self.config.timeout_s
 
     def _run(self, command: str, timeout_s: float, limit: int) -> ExecResult:
         self._alive()

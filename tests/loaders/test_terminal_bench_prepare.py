@@ -1,0 +1,141 @@
+"""Terminal-Bench tasks made gradable at prepare time: system packages installed on the host (the
+decision only: nothing is installed here), the Go a task needs, known installers mapped to PyPI
+wheels, and a root layer for Dockerfile steps that change system files (real local sandbox)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from loader_helpers import FIXTURES, local_unavailable
+
+from compactrl.envs.loaders import tb_local_build as tlb
+from compactrl.envs.loaders import terminal_bench as tb
+from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
+from compactrl.eval import run_task
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+
+LOCAL = os.path.join(FIXTURES, "terminal_bench_local")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> str:
+    path = str(tmp_path / "tb-local")
+    monkeypatch.setenv("COMPACTRL_TB_LOCAL_CACHE", path)
+    return path
+
+
+# ---------------------------------------------------------------------------- system packages
+def test_apt_decision_per_package_without_installing() -> None:
+    installed = {"make", "python3"}
+    candidates = {"gfortran": "4:12.2.0-3", "gnucobol3": "3.1.2-5"}
+    decision = tlb.apt_decision(["make", "gfortran", "gnucobol3", "compactrl-absent-tool"],
+                                has=lambda p: p in installed, candidate=candidates.get)
+    assert decision == {"make": "installed", "gfortran": "installable", "gnucobol3": "installable",
+                        "compactrl-absent-tool": "unavailable"}
+
+
+def test_apt_packages_of_the_steps_and_the_solution_less_session_tools() -> None:
+    steps = [{"op": "run", "command": "apt-get update && apt-get install -y --no-install-recommends gfortran make "
+                                      "tmux && rm -rf /var/lib/apt/lists/*"},
+             {"op": "env", "vars": {"X": "1"}},
+             {"op": "run", "command": "apt install -y dos2unix=7.4.3-1 # pinned"}]
+    solution = "#!/bin/bash\napt-get update && apt-get install -y nginx\nnginx -t\n"
+    assert tlb.apt_packages(steps, [solution]) == ["gfortran", "make", "dos2unix", "nginx"]
+
+
+def test_a_missing_package_is_recorded_for_install_and_named_with_the_flag(cache) -> None:
+    task = load_task_dir(os.path.join(LOCAL, "needs-image"), TerminalBenchConfig(backend="local"))
+    assert task.metadata["system_packages"] == ["compactrl-absent-tool"]
+    assert task.metadata["not_gradable"].endswith(
+        "(apt packages not installed on this machine: compactrl-absent-tool; `compactrl tasks validate "
+        "--install-system-packages` installs them here)")
+
+
+def test_install_for_tasks_installs_only_what_apt_has(monkeypatch) -> None:
+    class T:
+        def __init__(self, pkgs):
+            self.metadata = {"system_packages": pkgs}
+
+    calls, lines = [], []
+    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
+                                                           for p in pkgs})
+    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: calls.append(pkgs) or pkgs)
+    assert tlb.install_for_tasks([T(["gfortran", "nope"]), T(["gfortran", "dos2unix"]), T([])], lines.append) == [
+        "gfortran", "dos2unix"]
+    assert calls == [["gfortran", "dos2unix"]]
+    assert lines[0] == "system packages apt has no candidate for (those tasks stay not gradable): nope"
+
+
+def test_installing_needs_root(monkeypatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match="needs root"):
+        tlb.install_system_packages(["gfortran"], None, print)
+
+
+def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch) -> None:
+    assert tlb.go_requirement(["module x\n\ngo 1.22\n", "go 1.21.3\n", None]) == (1, 22)
+    monkeypatch.setattr(tb, "host_go_version", lambda: (1, 19))
+    folder = tmp_path / "go-task"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.yaml").write_text("instruction: build it\nparser_name: pytest\n")
+    (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert False\n")
+    (folder / "solution.sh").write_text("cat > go.mod <<'EOF'\nmodule x\n\ngo 1.22\nEOF\ngo build ./...\n")
+    (folder / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y golang-go\n"
+                                       "WORKDIR /app\n")
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"].startswith("needs Go 1.22 (its image's Go or the go line of a go.mod it "
+                                                    "writes), newer than this machine's Go 1.19")
+    (folder / "solution.sh").write_text("cat > go.mod <<'EOF'\nmodule x\n\ngo 1.18\nEOF\ngo build ./...\n")
+    (folder / "Dockerfile").write_text("FROM golang:1.26-bookworm\nWORKDIR /app\n")  # the image's own Go
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"].startswith("needs Go 1.26")
+
+
+# --------------------------------------------------------------------------------- installers
+def test_the_uv_installer_maps_to_the_uv_wheel_where_the_installer_puts_it() -> None:
+    command, wheels, notes = tlb.map_installers("curl -LsSf https://astral.sh/uv/0.5.11/install.sh | sh && uv --version")
+    assert wheels == ["uv==0.5.11"] and "astral.sh" not in command and command.endswith("&& uv --version")
+    assert f"cp {tlb.TOOLS_MARK}/uv-0.5.11/bin/uv {tlb.TOOLS_MARK}/uv-0.5.11/bin/uvx" in command
+    assert '${XDG_BIN_HOME:-$HOME/.local/bin}' in command and "uv==0.5.11 from PyPI" in notes[0]
+    # before 0.5 the installer put uv in Cargo's bin folder; no version: the newest
+    old, wheels, _ = tlb.map_installers("wget -qO- https://astral.sh/uv/0.4.30/install.sh | sh")
+    assert wheels == ["uv==0.4.30"] and "${CARGO_HOME:-$HOME/.cargo}/bin" in old
+    assert tlb.map_installers("curl -LsSf https://astral.sh/uv/install.sh | env UV_UNMANAGED_INSTALL=/x sh")[1] == ["uv"]
+    # anything else fetched from the network is left to the classifier (needs its image)
+    assert tlb.map_installers("curl -fsSL https://example.com/x.sh | sh")[1] == []
+    steps = [{"op": "run", "command": "curl -LsSf https://astral.sh/uv/0.5.11/install.sh | sh", "workdir": "/"},
+             {"op": "run", "command": "cp /root/.local/bin/uv /root/.local/bin/uvx /usr/local/bin/", "workdir": "/"}]
+    plan, why = tlb.plan(steps, {}, "", "/app", "k")
+    assert why is None and plan.tools == ["uv==0.5.11"] and plan.root_layer  # the copy to /usr/local/bin
+
+
+def test_a_solution_that_changes_system_files_is_seen() -> None:
+    assert tlb.solution_system_writes("apt-get install -y nginx\ncat > /etc/nginx/conf.d/site.conf << 'EOF'\n") == \
+        "/etc/nginx/conf.d/site.conf"
+    assert tlb.solution_system_writes("sed -i 's/a/b/' /etc/nginx/nginx.conf") == "/etc/nginx/nginx.conf"
+    assert tlb.solution_system_writes("cp tool /usr/local/bin/") == "/usr/local/bin/"
+    assert tlb.solution_system_writes("cat /etc/os-release > /app/os.txt\npython3 /usr/lib/x.py 2>/dev/null") is None
+
+
+# ------------------------------------------------------------------------- root layer (real)
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root layer needs root (overlay mounts over /usr and /etc)")
+def test_a_dockerfile_that_writes_system_files_replays_into_a_root_layer(cache) -> None:
+    folder = os.path.join(LOCAL, "system-files")
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
+    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    assert task.metadata["local_build"]["build"]["root_layer"] is True
+    layer = os.path.join(task.metadata["local_state"], "layer")
+    with open(os.path.join(layer, "etc", "compactrl-service.ini")) as fh:
+        assert fh.read() == "port=7071\n"
+    assert os.access(os.path.join(layer, "usr", "local", "bin", "compactrl-greet"), os.X_OK)  # COPY kept its mode
+    gold = run_task(task, GoldPolicy(), "local")
+    noop = run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    # noop: the image's config is there (not removed) and nothing greeted
+    assert not noop["success"] and "FAILED ../tests/test_outputs.py::test_config_removed" in noop["info"]["test_output"]
+    # the gold episode's removal stayed in that episode; the layer and the host are untouched
+    assert os.path.isfile(os.path.join(layer, "etc", "compactrl-service.ini"))
+    assert not os.path.exists("/etc/compactrl-service.ini") and not os.path.exists("/usr/local/bin/compactrl-greet")
