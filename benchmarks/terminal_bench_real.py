@@ -166,26 +166,34 @@ def _parity(loc: dict | None) -> str:
 
 
 def local_table(rows: list[dict]) -> str:
-    """The local backend's table: verdicts, the official graders' verdicts on the same outputs, and each
-    exception with its reason."""
-    lines = ["| task | format | grading | prepare s | local gold | local noop | official grader (gold / noop) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        loc = r.get("local")
-        if not loc:
-            continue
-        lines.append(f"| {r['task']} | {r['format']} | {loc['check']} ({loc['grading']}) | {loc['prepare_s']} | "
-                     f"{_local_cell(loc, 'gold')} | {_local_cell(loc, 'noop')} | {_parity(loc)} |")
+    """The local backend's table: the counts first (all, 1.x, 2.x; median noop time), then verdicts, the
+    official graders' verdicts on the same outputs, and each exception with its reason."""
     local = [r for r in rows if r.get("local")]
-    right = [r for r in local if not r["local"].get("not_gradable") and r["local"]["gold"]["success"]
-             and not r["local"]["noop"]["success"]]
+
+    def right(r: dict) -> bool:
+        loc = r["local"]
+        return not loc.get("not_gradable") and loc["gold"]["success"] and not loc["noop"]["success"]
+
+    def count(subset: list[dict]) -> str:
+        flagged = sum(1 for r in subset if r["local"].get("not_gradable"))
+        return f"{sum(map(right, subset))} of {len(subset)} ({flagged} not gradable, {len(subset) - flagged - sum(map(right, subset))} wrong)"
+
     noop_s = sorted(r["local"]["noop"]["seconds"] for r in local if not r["local"].get("not_gradable"))
     agree = [ep.get("official_agrees") for r in local for ep in (r["local"].get("gold"), r["local"].get("noop"))
              if ep and "official_agrees" in ep]
-    lines += ["", f"Gold passes and noop fails on {len(right)} of {len(local)} tasks"
-              f" ({sum(1 for r in local if r['local'].get('not_gradable'))} flagged not gradable before any episode);"
-              f" median noop {noop_s[len(noop_s) // 2] if noop_s else '-'} s;"
-              f" official graders agree on {sum(agree)} of {len(agree)} verdicts.", ""]
+    by_format = {f: [r for r in local if r["format"] == f] for f in sorted({r["format"] for r in local})}
+    lines = [f"**Gold passes and noop fails on {count(local)}**; "
+             + "; ".join(f"{f}: {count(sub)}" for f, sub in by_format.items())
+             + f". Not-gradable tasks are flagged before any episode, with the reason below. Median noop "
+               f"{noop_s[len(noop_s) // 2] if noop_s else '-'} s; the official graders agree on {sum(agree)} of "
+               f"{len(agree)} verdicts.", "",
+             "| task | format | grading | prepare s | local gold | local noop | official grader (gold / noop) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in local:
+        loc = r["local"]
+        lines.append(f"| {r['task']} | {r['format']} | {loc['check']} ({loc['grading']}) | {loc['prepare_s']} | "
+                     f"{_local_cell(loc, 'gold')} | {_local_cell(loc, 'noop')} | {_parity(loc)} |")
+    lines += ["", "Exceptions and their reasons:", ""]
     for r in local:
         loc = r["local"]
         if loc.get("not_gradable"):

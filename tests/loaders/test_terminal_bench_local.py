@@ -81,7 +81,7 @@ def test_the_state_is_cached_per_task_and_dockerfile(cache, tmp_path) -> None:
 
 def test_a_sparse_file_past_256_mib_passes_by_default_and_a_lower_limit_is_named(cache) -> None:
     task = _load("sparse-file", cache)
-    assert task.metadata["limits"]["file_size_bytes"] == 8 << 30
+    assert task.metadata["limits"]["file_size_bytes"] == 32 << 30
     gold = run_task(task, GoldPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     low = _load("sparse-file", cache, file_size_bytes=128 << 20)

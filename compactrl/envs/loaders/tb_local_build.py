@@ -171,6 +171,12 @@ def _context_text(path: str, files: dict[str, str], context: str) -> str | None:
     return None
 
 
+def _go_mod_local(args: list[str]) -> bool:
+    """``go mod init`` / ``go mod edit`` write go.mod and fetch nothing (``tidy``, ``download`` do)."""
+    words = [w for w in args if not w.startswith("-")]
+    return words[:1] == ["mod"] and words[1:2] in (["init"], ["edit"])
+
+
 def classify(text: str, files: dict[str, str], context: str) -> Segment:
     words = _words(text)
     if not words:
@@ -200,7 +206,7 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
     if cmd == "uv":
         return Segment(text, words, "image", f"uv {sub} (a project environment from the network)")
     if cmd in _IMAGE_ONLY or (cmd == "git" and sub in _GIT_NETWORK) or (cmd == "cargo" and sub in _CARGO_NETWORK) \
-            or (cmd == "go" and sub in _GO_NETWORK):
+            or (cmd == "go" and sub in _GO_NETWORK and not _go_mod_local(rest)):
         return Segment(text, words, "image", f"{cmd} {sub}".strip())
     targets = [w for w in rest if not w.startswith("-")]
     if cmd in ("bash", "sh") and targets and targets[0].endswith(".sh"):
