@@ -43,6 +43,7 @@ from typing import Any
 
 from compactrl.envs.loaders.tb_files import executable_files, read_limited, task_files
 from compactrl.envs.loaders.tb_local_build import (
+    BASE_PATH,
     GO_PACKAGES,
     PrepareError,
     _host_has_package,
@@ -344,7 +345,9 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
             meta["not_gradable"] = why
     elif plan is not None:
         meta["local_build"] = {"build": plan.to_json()}
-        meta["env"] = plan.env
+        meta["env"] = dict(plan.env)
+        if plan.pip:  # the commands the prepared packages install (`jupyter`, `flask`) are on PATH, as pip puts them
+            meta["env"]["PATH"] = "__SITE__/bin:" + plan.env.get("PATH", BASE_PATH)
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
