@@ -286,6 +286,9 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
                 lines.append(f"- `{r['id']}`: not gradable here: {r['not_gradable']}")
         for i, why in failed.items():
             text = why.strip().splitlines()
+            if len(text) == 1:
+                lines.append(f"- `{i}`: not prepared: {text[0][:420]}")
+                continue
             key = next((x for x in text[1:] if re.search(r"unable|error:|cannot|Errors?\.", x)), text[-1])
             lines.append(f"- `{i}`: not prepared: {text[0][:160]} ... {key.strip()[:220]}")
     if not_run:

@@ -335,7 +335,8 @@ BUILD_TOOL_CAPS: dict[str, tuple[str, ...]] = {"3.5": ("cython<3",), "3.6": ("cy
 ``defaults`` channel builds packages only for supported Pythons, and Cython 3.0.0 (2023-07-17) came
 after Python 3.6 (end of life 2021-12) and 3.7 (2023-06-27) were retired, so a spec that leaves
 ``cython`` open (scikit-learn 0.20-0.22 on Python 3.6) got a 0.29 release there; pip takes Cython
-3.0.x, which cannot compile those trees. Applied by :func:`build_env` as a pip/uv constraints file
+3.0.x, which cannot compile those trees (of the swebench 4.1 specs on Python 3.5-3.7 only those and
+astropy 0.1-1.3, which pins ``cython==0.27.3``, name cython). Applied by :func:`build_env` as a pip/uv constraints file
 (``-c``) to every package install of such an environment, and recorded (``build_tool_caps``)."""
 
 PIP_FOR_PYTHON = {"3.5": "pip<21", "3.6": "pip<22", "3.7": "pip<24.1", "3.8": "pip<25.1"}
@@ -586,8 +587,8 @@ def supply_blobs(repo_path: str, commit: str, cache: str | None, where: str) -> 
     if still:
         listed = "; ".join(f"{path} (blob {sha})" for path, sha in still[:5])
         raise PrepareError(
-            f"{where}: base_commit: {commit[:12]}'s tree has {len(still)} file(s) whose contents the checkout "
-            f"{repo_path} lacks (a snapshot or partial clone that left out its largest files): {listed}. Supply "
+            f"{where}: base_commit: {len(still)} file(s) of {commit[:12]}'s tree missing from the checkout: {listed} "
+            f"({repo_path} lacks their contents: a snapshot or partial clone that left out its largest files). Supply "
             "each: put a file whose `git hash-object` is that blob id in the download cache "
             "(--download-cache DIR, named by the id: prepare checks it and adds it), or run "
             f"`git -C {repo_path} hash-object -w FILE` yourself, or fetch the repository's full history; a copy "
