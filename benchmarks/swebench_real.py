@@ -37,8 +37,8 @@ SANDBOX = {"pytest_plugin_autoload": True, "output_limit_bytes": 64 << 20, "test
            "memory_bytes": 8 << 30}
 """As the harness runs the tests (every plugin of the environment loads); the whole log kept for parity."""
 HARNESS_TIMEOUT_S = 1800.0
-"""The harness's default limit of one instance's evaluation (``run_evaluation --timeout``): sympy-13437's
-``test_bell`` alone takes 830 s here with the gold patch, near the loader's 900 s default."""
+"""The harness's default limit of one instance's evaluation (``run_evaluation --timeout``), also the
+loader's default: sympy-13437's ``test_bell`` alone takes 830 s here with the gold patch."""
 
 
 def _parse() -> argparse.Namespace:

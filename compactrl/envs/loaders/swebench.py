@@ -89,8 +89,9 @@ class SWEBenchConfig:
     """Turn limit of each task."""
     time_limit_s: float = 3600.0
     """Wall-clock limit of an episode."""
-    test_timeout_s: float = 900.0
-    """Limit of one test run."""
+    test_timeout_s: float = 1800.0
+    """Limit of one test run: the harness's own default (``run_evaluation --timeout 1800``), so a row
+    whose tests are slow but finish there is graded, not timed out (sympy-13437: 865 s here)."""
     specs: Mapping[str, Mapping[str, Any]] | str = field(default_factory=dict)
     """Per-repository settings, or the path of a specs file (:func:`load_specs`; ``compactrl tasks
     prepare`` writes one): ``owner/name``, ``owner/name@version`` or an ``instance_id`` ->
