@@ -61,6 +61,10 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--export-max-bytes", type=int, default=40_000)
     p.add_argument("--redo", default=None, help="comma-separated rows to run again even with --resume")
     p.add_argument("--table-only", action="store_true", help="with --resume: write the table from the JSON, run nothing")
+    p.add_argument("--draw-validate", default=None, metavar="FILE",
+                   help="the JSON report of `compactrl tasks validate` on a random draw of unseen rows: written as a "
+                        "separate section (with prepare's reason for rows it could not prepare, from ENVS_ROOT)")
+    p.add_argument("--draw-command", default=None, help="the commands that made --draw-validate, for the section")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -294,7 +298,40 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
     if not_run:
         lines += ["", "Prepared but not run (the run was stopped for time before them): "
                   + ", ".join(f"`{i}`" for i in not_run)]
+    if getattr(args, "draw_validate", None):
+        lines += draw_section(args.draw_validate, args.envs_root, args.draw_command)
     return "\n".join(lines) + "\n"
+
+
+def draw_section(report_path: str, envs_root: str, command: str | None) -> list[str]:
+    """The random draw's section: one line per row of ``compactrl tasks validate``'s JSON report,
+    prepare's failure reason (from the envs root's manifest) for a row it could not prepare."""
+    with open(report_path, encoding="utf-8") as fh:
+        report = json.load(fh)
+    manifest_path = os.path.join(envs_root, "manifest.json")
+    failed = json.load(open(manifest_path)).get("failed", {}) if os.path.exists(manifest_path) else {}
+    tasks = report["tasks"]
+    right = sum(t["ok"] for t in tasks)
+    lines = ["", "## Random draw: rows nobody had looked at", "",
+             f"`{report['source']}` (how it was drawn: `benchmarks/data/swebench_real.SOURCES.md`), checked as an "
+             f"acceptance check would: prepared, then `compactrl tasks validate` on the `{report['backend']}` backend, "
+             f"nothing changed for these rows before. **{right}/{len(tasks)}** right (gold resolved, no-op not).", ""]
+    if command:
+        lines += [f"Commands: `{command}`", ""]
+    lines += ["| instance | prepared | gold | no-op | gold s | no-op s | reason when wrong |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for t in tasks:
+        g, n = t.get("gold") or {}, t.get("noop") or {}
+        why = t.get("reason") or ""
+        if not t["prepared"] and t["task_id"] in failed:
+            text = failed[t["task_id"]].strip().splitlines()
+            key = next((x for x in text[1:] if re.search(r"unable|error:|cannot|Errors?\.|Failed", x)), text[-1])
+            why = f"not prepared: {key.strip()[:200]}"
+        lines.append(f"| {t['task_id']} | {'yes' if t['prepared'] else 'no'} | "
+                     f"{'-' if t['gold_resolved'] is None else ('resolved' if t['gold_resolved'] else '**NOT resolved**')} | "
+                     f"{'-' if t['noop_resolved'] is None else ('**RESOLVED**' if t['noop_resolved'] else 'not resolved')} | "
+                     f"{g.get('seconds', '-')} | {n.get('seconds', '-')} | {why.replace('|', '/')[:240]} |")
+    return lines
 
 
 if __name__ == "__main__":
