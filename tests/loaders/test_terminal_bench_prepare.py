@@ -139,3 +139,18 @@ def test_a_dockerfile_that_writes_system_files_replays_into_a_root_layer(cache) 
     # the gold episode's removal stayed in that episode; the layer and the host are untouched
     assert os.path.isfile(os.path.join(layer, "etc", "compactrl-service.ini"))
     assert not os.path.exists("/etc/compactrl-service.ini") and not os.path.exists("/usr/local/bin/compactrl-greet")
+
+
+def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
+    folder = tmp_path / "hides-tests"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.yaml").write_text("instruction: build it\nparser_name: pytest\n")
+    (folder / "solution.sh").write_text("echo ok > /app/out.txt\n")
+    (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
+    (folder / "tests" / "test_outputs.py").write_text(
+        "import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"] == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
+                                             "mount point in the local sandbox (a plain folder in the image)")
+    (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert open('/tests/data.txt')\n")
+    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata

@@ -772,7 +772,8 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             return f"needs its image: pip install {' '.join(build['pip'])} (timed out after {timeout_s:g}s)"
         if res.returncode != 0:
             tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
-            return f"needs its image: pip install {' '.join(build['pip'])} (pip failed here: {' | '.join(tail)[-300:]})"
+            return (f"needs its image: pip install {' '.join(build['pip'])} (pip failed here: {' | '.join(tail)[-300:]})"
+                    + _python_mismatch(task))
     for req in build.get("tools") or ():
         target = os.path.join(out, "tools", req.replace("==", "-"))
         cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
@@ -884,6 +885,18 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
 
 def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
     return {k: v.replace("__SITE__", site) for k, v in env.items()}
+
+
+def _python_mismatch(task) -> str:
+    """`` (its image's Python is 3.8, the sandbox's 3.11)`` when the Dockerfile's base is another Python."""
+    path = (task.metadata.get("image_build") or {}).get("dockerfile") or ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            m = re.search(r"(?im)^FROM\s+(?:\S+/)?python:(\d+\.\d+)", fh.read())
+    except OSError:
+        return ""
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    return f" (its image's Python is {m.group(1)}, the sandbox's {here})" if m and m.group(1) != here else ""
 
 
 def _context_executable(task, src: str) -> bool:

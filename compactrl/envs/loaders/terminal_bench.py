@@ -324,6 +324,10 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     fetch = solution_network(meta.get("solution_sh"))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
+    moves = _tests_move_tests_dir(spec)
+    if moves and not why:
+        plan, why = None, (f"needs its image: its tests move /tests away ({moves}), a mount point in the local "
+                           "sandbox (a plain folder in the image)")
     writes = solution_system_writes(meta.get("solution_sh"))
     if writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
@@ -351,6 +355,17 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
+
+
+def _tests_move_tests_dir(spec: TaskSpec) -> str | None:
+    """The test file that moves ``/tests`` itself (``mv /tests /tmp/tests.hidden``, ``shutil.move`` of
+    ``/tests``: a verifier hiding its files from the agent's binary), or None."""
+    for rel in spec.test_files:
+        text = _text(os.path.join(spec.folder, "tests", rel)) or ""
+        if re.search(r"(?m)^[^#\n]*\bmv\s+(-\S+\s+)*/tests/?(\s|$)", text) or (
+                re.search(r"shutil\.move\(|os\.(rename|replace)\(", text) and re.search(r"[\"']/tests/?[\"']", text)):
+            return f"tests/{rel}"
+    return None
 
 
 def _go_too_old(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None) -> str | None:
