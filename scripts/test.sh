@@ -19,6 +19,9 @@ if [[ "${1:-}" == "--quick" ]]; then QUICK=1; shift; fi
 export COMPACTRL_TEST_RUN="${COMPACTRL_TEST_RUN:-$(date +%s)-$$}"
 RUN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/compactrl-test.$COMPACTRL_TEST_RUN.XXXXXX") || exit 1
 export TMPDIR="$RUN_TMP" MPLCONFIGDIR="$RUN_TMP/matplotlib"
+# The vLLM engine's compiled kernels (torch inductor) are cached where they are outside tests (torch's
+# default is under $TMPDIR, fresh per run here): a run reuses what an earlier run compiled.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/compactrl/torchinductor}"
 
 quick() {
   # a fresh checkout is set up first (no apt: the real backends run only where already installed)
@@ -39,13 +42,25 @@ quick() {
   fi
 }
 
+# pytest-xdist's options for the full suite: COMPACTRL_TEST_WORKERS processes (default 2; 1 = one
+# process, no xdist). Each test file runs whole on one worker (its fixtures start once), the longest
+# files first (tests/conftest.py orders them); the suite checks the same things either way.
+workers() {
+  local n=${COMPACTRL_TEST_WORKERS:-2}
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "test.sh: COMPACTRL_TEST_WORKERS must be a positive integer, got '$n'" >&2; return 1; }
+  if [[ $n -gt 1 ]] && .venv/bin/python -c "import xdist" 2>/dev/null; then echo "-n $n --dist loadfile --no-loadscope-reorder"; fi
+}
+
 run() {
   [[ $QUICK == 0 ]] || { quick "$@"; return $?; }
   bash scripts/setup.sh --system || return 1
   bash scripts/setup.sh --vllm || return 1  # the vLLM engine's own environment (tests/vllm)
   .venv/bin/ruff check compactrl tests benchmarks examples scripts || return 1
   .venv/bin/python scripts/check_class_duplicates.py || return 1
-  .venv/bin/python -m pytest -m "not slow and not gpu and not docker" "$@" || return $?
+  local xdist
+  xdist=$(workers) || return 1
+  # shellcheck disable=SC2086  # $xdist: zero or more options
+  .venv/bin/python -m pytest -m "not slow and not gpu and not docker" $xdist "$@" || return $?
   # The `docker` tests against a real engine (Podman's socket; built and started by the script).
   bash scripts/ci_docker.sh "$@"
 }

@@ -15,3 +15,24 @@ def _torch_threads():
     import torch
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+
+# Parallel runs (`pytest -n 2 --dist loadfile --no-loadscope-reorder`, what scripts/test.sh runs when
+# pytest-xdist is there): each test file runs whole on one worker, so its module and session fixtures
+# (tests/vllm/test_engine.py's engine per architecture, tests/distributed's local Ray) start once per
+# file and worker. The workers take the files in the order below, longest first (as measured on 2
+# cores), the rest in file order, so that no long file starts last.
+_LONGEST_FIRST = ("tests/trainer/test_trainer.py", "tests/vllm/test_engine.py", "tests/vllm/test_train.py",
+                  "tests/distributed/test_ray_collector.py", "tests/vllm/test_architectures.py",
+                  "tests/distributed/test_no_leftovers.py", "tests/trainer/test_summary_keep_rate.py",
+                  "tests/trainer/test_ablation.py", "tests/policies/test_transformers_policy.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):  # not an xdist worker: one process, tests in file order
+        return
+    root = str(config.rootpath).replace("\\", "/").rstrip("/") + "/"
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    # stable: the tests of a file stay in their order
+    items.sort(key=lambda item: rank.get(str(item.path).replace("\\", "/").removeprefix(root), len(rank)))
