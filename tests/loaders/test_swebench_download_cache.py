@@ -210,3 +210,33 @@ def test_prepare_runs_a_pre_install_download_from_the_cache(tmp_path, repos_root
     assert manifest["instances"][IID]["download_cache"]["folder"] == os.path.abspath(cache)
     with pytest.raises(ValueError, match="PrepareConfig.download_cache"):
         sp.PrepareConfig(repos_root=repos_root, envs_root=str(tmp_path / "p"), download_cache=str(tmp_path / "nope"))
+
+
+# ============================================================================ the install step's dependencies
+def test_bounded_dependencies_keep_what_the_environment_holds(tmp_path) -> None:
+    """Resolving the project's dependencies under the date bound keeps the versions the environment
+    already has where the project allows them (as pip's ``install -e .`` does) and adds the missing."""
+    if sp._find_uv() is None:
+        pytest.skip("uv is not installed (the tasks extra)")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name, version in (("capdemo", "0.9"), ("capdemo", "1.0"), ("capextra", "2.0")):
+        _wheel(str(wheels), name, version)
+    venv = str(tmp_path / "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = os.path.join(venv, "bin", "python")
+    offline = ["--no-index", "--find-links", str(wheels)]
+    subprocess.run([*sp._find_uv(), "pip", "install", "--python", python, *offline, "capdemo==0.9"], check=True,
+                   capture_output=True)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text('[project]\nname = "proj"\nversion = "1"\n'
+                                         'dependencies = ["capdemo>=0.5", "capextra"]\n')
+    config = sp.PrepareConfig(repos_root=str(tmp_path), envs_root=str(tmp_path / "p"), exclude_newer="2099-01-01",
+                              pip_args=tuple(offline))
+    done = sp._bounded_dependencies(str(tree), venv, "python -m pip install -e .", config, "w",
+                                    str(tmp_path / "log"), None)
+    assert done is True, open(tmp_path / "log").read()
+    got = subprocess.run([python, "-c", "import capdemo, capextra; print(capdemo.VERSION, capextra.VERSION)"],
+                         capture_output=True, text=True)
+    assert got.stdout.split() == ["0.9", "2.0"], got.stderr  # not upgraded to 1.0; the missing one added

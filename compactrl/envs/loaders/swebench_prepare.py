@@ -797,7 +797,8 @@ def _bounded_dependencies(tree: str, venv: str, install: str | Sequence[str] | N
                           where: str, log_path: str, progress: Progress | None) -> bool:
     """Before the harness's ``pip install [-e] .[extras]``: install the project's dependencies as uv
     resolves them under :attr:`PrepareConfig.exclude_newer` (``uv pip compile`` reads the metadata
-    only, nothing is built), so the install step finds them there instead of taking today's releases
+    only, nothing is built; the environment's installed versions are kept where the project allows
+    them, as pip keeps them), so the install step finds them there instead of taking today's releases
     (pip has no date bound). True when done; False where it does not apply (no uv, no bound, an
     install command of another form, Python < 3.8)."""
     command = install if isinstance(install, str) or install is None else " ".join(install)
@@ -814,6 +815,13 @@ def _bounded_dependencies(tree: str, venv: str, install: str | Sequence[str] | N
     if source is None:
         return False
     out = os.path.join(venv, "requirements-bounded.txt")
+    # what the environment holds goes in as the output's earlier pins, which uv keeps where the project
+    # allows them: as pip's ``install -e .`` upgrades only what it must (xarray 0.12's numpy 1.23 stays,
+    # not 2.0, which its scipy cannot import); a dependency the project needs moved still moves
+    installed = subprocess.run([*uv, "pip", "freeze", "--python", python], capture_output=True, text=True, timeout=120)
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write("".join(f"{line}\n" for line in installed.stdout.splitlines()
+                         if re.fullmatch(r"[A-Za-z0-9_.\-]+==[^\s;@]+", line.strip())))
     try:  # reading a project's metadata may fail or build (numpy.distutils): then pip resolves alone
         _run([*uv, "pip", "compile", "--python", python, "--exclude-newer", config.exclude_newer, "--no-header",
               *[a for e in extras for a in ("--extra", e)], *_uv_args(config.pip_args), "-o", out, source], tree,
