@@ -37,13 +37,19 @@ def _isolations() -> list[str]:
     return [kind for kind in ("bwrap", "unshare") if _probe(kind, 65534) is None]
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def _alive(pid: int, started: bytes | None) -> bool:
+    """Process ``pid`` runs and is the one that started at ``started`` (a pid alone may be reused)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X") and fields[19] == started
 
 
 def _commands(pids: list[int]) -> list[str]:
@@ -66,10 +72,12 @@ def test_a_sigkilled_holder_leaves_no_sandbox_process(isolation, tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, isolation, here], stdout=subprocess.PIPE,
                               stderr=(tmp_path / "holder.err").open("wb"), text=True)
     info: dict = {}
+    outer: tuple[int, bytes | None] = (0, None)  # the outer process: pid and start time
     try:
         line = holder.stdout.readline()
         assert line, f"the holder did not start its sandbox: {(tmp_path / 'holder.err').read_text()[-2000:]}"
         info = json.loads(line)
+        outer = (info["outer"], (_stat(info["outer"]) or [None] * 20)[19])
         deadline = time.monotonic() + 60
         # the command runs (both sleeps started) before the holder is killed
         while sum("sleep 60" in c for c in _commands(_ns_processes(info["ns"]))) < 2:
@@ -79,25 +87,24 @@ def test_a_sigkilled_holder_leaves_no_sandbox_process(isolation, tmp_path):
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while (_ns_processes(info["ns"]) or _alive(info["outer"])) and time.monotonic() < deadline:
+        while (_ns_processes(info["ns"]) or _alive(*outer)) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = _ns_processes(info["ns"])
         assert not left, f"{isolation}: the sandbox's processes outlived their holder: {_commands(left)}"
-        assert not _alive(info["outer"]), f"{isolation}: the sandbox's outer process {info['outer']} outlived its holder"
+        assert not _alive(*outer), f"{isolation}: the sandbox's outer process {info['outer']} outlived its holder"
     finally:
         if holder.poll() is None:
             holder.kill()
             holder.wait()
         holder.stdout.close()
         if info:  # whatever survived (a failed check) is killed here, then the session's files removed
-            for pid in [*_ns_processes(info["ns"]), info["outer"]]:
-                if _alive(pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            for pid in _ns_processes(info["ns"]) + ([outer[0]] if _alive(*outer) else []):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             deadline = time.monotonic() + 10
-            while (_ns_processes(info["ns"]) or _alive(info["outer"])) and time.monotonic() < deadline:
+            while (_ns_processes(info["ns"]) or _alive(*outer)) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if info.get("session") and os.path.isdir(info["session"]):
                 _rmtree(info["session"])
