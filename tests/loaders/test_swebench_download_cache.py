@@ -240,3 +240,20 @@ def test_bounded_dependencies_keep_what_the_environment_holds(tmp_path) -> None:
     got = subprocess.run([python, "-c", "import capdemo, capextra; print(capdemo.VERSION, capextra.VERSION)"],
                          capture_output=True, text=True)
     assert got.stdout.split() == ["0.9", "2.0"], got.stderr  # not upgraded to 1.0; the missing one added
+
+
+def test_a_row_prepare_could_not_prepare_is_flagged_with_the_reason(tmp_path, repos_root) -> None:
+    from compactrl.envs.loaders.swebench import SWEBenchConfig, load_swebench
+
+    spec = {"python": VERSION, "test_cmd": "pytest -rA", "install": "echo 'error: no wheel for qhull' >&2; exit 3"}
+    harness = tmp_path / "harness.json"
+    harness.write_text(json.dumps({"specs": {"mathkit-dev/mathkit": {"0.3": spec}}, "reqs_paths": {}}))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(read_rows(SWEBENCH_ROWS)[0]) + "\n")
+    config = sp.PrepareConfig(repos_root=repos_root, envs_root=str(tmp_path / "prepared"), harness_specs=str(harness))
+    report = sp.prepare(str(rows), config)
+    assert list(report.failed) == [IID]
+    specs = json.load(open(report.specs_path))
+    assert specs[IID]["not_gradable"].startswith("not prepared: ") and "error: no wheel for qhull" in specs[IID]["not_gradable"]
+    task = load_swebench(str(rows), SWEBenchConfig(repos_root=repos_root, specs=report.specs_path))[0]
+    assert task.metadata["not_gradable"] == specs[IID]["not_gradable"] and task.files == {}

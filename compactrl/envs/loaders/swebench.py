@@ -503,7 +503,10 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         image = image_name(iid, config.image_namespace, config.image_tag, config.arch)
     else:
         python = spec["python"] or "python"
-        files, skipped, test_files = _local_files(row, config, spec, where)
+        if spec.get("not_gradable") and not spec.get("checkout"):  # never run (e.g. not prepared): not read
+            files, skipped, test_files = {}, [], {}
+        else:
+            files, skipped, test_files = _local_files(row, config, spec, where)
         hidden.update(test_files)
         prepared = bool(spec.get("checkout"))
         prefix = (env_prefix(python, harness_env=True) if prepared else "") + "".join(f"{c}; " for c in spec["pre_test"])

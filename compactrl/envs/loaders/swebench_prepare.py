@@ -1131,7 +1131,17 @@ def _write_outputs(report: PrepareReport) -> None:
     for iid in report.failed:
         manifest["instances"].pop(iid, None)
     _write_json(report.manifest_path, manifest)
-    _write_json(report.specs_path, specs_entries(manifest["instances"]))
+    specs = specs_entries(manifest["instances"])
+    for iid, why in manifest["failed"].items():  # flagged, so validate and eval name it instead of running it
+        specs[iid] = {"not_gradable": f"not prepared: {_failure_line(why)}"}
+    _write_json(report.specs_path, specs)
+
+
+def _failure_line(why: str) -> str:
+    """A prepare failure in one line: its first line, and the line of its log that names the error."""
+    lines = [x.strip() for x in why.strip().splitlines() if x.strip()]
+    key = next((x for x in lines[1:] if re.search(r"unable|error:|cannot|Errors?\.|Failed", x)), None)
+    return (lines[0][:300] + (f" ... {key[:240]}" if key else "")) if lines else why
 
 
 def _load_json(path: str) -> dict[str, Any] | None:
