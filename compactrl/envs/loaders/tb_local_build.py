@@ -273,7 +273,10 @@ def _host_has_package(name: str) -> bool:
     sandbox mounts (``npm`` with Node's own install, ``rustc`` through rustup)."""
     from compactrl.envs.sandbox.local import host_toolchains
 
-    if shutil.which(name, path=":".join([BASE_PATH, *host_toolchains()[1]])):
+    # a Go toolchain package (golang-go, golang-1.22-go): any `go` the sandbox gets (its version is
+    # checked against the task's separately)
+    command = "go" if GO_PACKAGES.match(name) else name
+    if shutil.which(command, path=":".join([BASE_PATH, *host_toolchains()[1]])):
         return True
     try:
         res = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Status}", name], capture_output=True, text=True,

@@ -384,8 +384,8 @@ def _go_too_old(spec: TaskSpec, packages: list[str], files: dict[str, str], solu
     need, have = go_requirement(texts), host_go_version()
     if need and have and need > have:
         return (f"needs Go {need[0]}.{need[1]} (its image's Go or the go line of a go.mod it writes), newer than this "
-                f"machine's Go {have[0]}.{have[1]} (Debian 12's golang-go; a newer Go on PATH, e.g. bookworm-"
-                "backports' golang-1.2x, would do)")
+                f"machine's Go {have[0]}.{have[1]} (Debian 12's golang-go is 1.19; a newer Go on PATH or in "
+                "/usr/lib/go-1.NN, e.g. bookworm-backports' golang-1.23-go, lifts it)")
     return None
 
 

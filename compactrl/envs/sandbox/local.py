@@ -296,14 +296,32 @@ def host_toolchains() -> tuple[list[str], list[str], dict[str, str]]:
         binds += [os.path.join(cargo_home, "bin"), rustup_home]
         path.append(os.path.join(cargo_home, "bin"))
         env |= {"RUSTUP_HOME": rustup_home, "CARGO_HOME": "/tmp/.cargo"}
-    go = shutil.which("go")
+    go = shutil.which("go") or _versioned_go()
     if go:
         goroot = os.path.dirname(os.path.dirname(os.path.realpath(go)))
         if not any(goroot == f"/{d}" or goroot.startswith(f"/{d}/") for d in _SYSTEM_DIRS):
             binds.append(goroot)
+        if os.path.dirname(go) not in BASE_PATH_DIRS:
             path.append(os.path.join(goroot, "bin"))
         env |= {"GOPATH": "/tmp/go", "GOCACHE": "/tmp/.gocache", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
     return [b for b in binds if os.path.isdir(b)], path, env
+
+
+BASE_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def _versioned_go() -> str | None:
+    """The newest Debian ``golang-1.NN-go`` (``/usr/lib/go-1.NN/bin/go``, e.g. from bookworm-backports)
+    when no ``go`` is on PATH: such packages install no ``/usr/bin/go``."""
+    found = []
+    for name in os.listdir("/usr/lib") if os.path.isdir("/usr/lib") else ():
+        parts = name.split("-", 1)
+        if parts[0] == "go" and len(parts) == 2 and os.path.isfile(f"/usr/lib/{name}/bin/go"):
+            try:
+                found.append((tuple(int(x) for x in parts[1].split(".")), f"/usr/lib/{name}/bin/go"))
+            except ValueError:
+                continue
+    return max(found)[1] if found else None
 
 
 def _ns_processes(ns: str) -> list[int]:
