@@ -415,6 +415,16 @@ _FETCHERS = {"curl", "wget", "git", "uv", "uvx", "npm", "npx", "yarn", "pnpm", "
              "apk", "yum", "dnf", "rustup", "bun", "deno"}
 
 
+def _go_std_only(script: str | None) -> bool:
+    """Whether the Go code a script writes imports the standard library only (no import path whose
+    first element has a dot, ``github.com/...``, ``golang.org/x/...``) and its go.mod requires nothing."""
+    text = script or ""
+    if re.search(r"(?m)^\s*require\b", text):
+        return False
+    imports = re.findall(r'(?m)^\s*(?:import\s+)?(?:\w+\s+)?"([^"\s]+)"\s*$', text)
+    return not any("." in path.split("/")[0] for path in imports)
+
+
 def solution_network(script: str | None) -> str | None:
     """What in a reference solution fetches from the network (``curl ... | sh``, ``uv add flask``,
     ``git clone``), or None. The harness's agent has the network; the local sandbox has none."""
@@ -424,6 +434,8 @@ def solution_network(script: str | None) -> str | None:
         for text, _sep in split_segments(line):
             seg = classify(text, {}, "")
             local = re.search(r"(//|@|^|\s)(localhost|127\.0\.0\.1|0\.0\.0\.0)\b", " ".join(seg.words[1:]))
+            if seg.words[:3] == ["go", "mod", "tidy"] and _go_std_only(script):
+                continue  # nothing to fetch: every package the Go code imports is the standard library's
             if seg.action == "image" and seg.words and os.path.basename(seg.words[0]) in _FETCHERS and not local:
                 return str(seg.detail)
             if seg.action == "apt":
