@@ -257,3 +257,16 @@ def test_a_row_prepare_could_not_prepare_is_flagged_with_the_reason(tmp_path, re
     assert specs[IID]["not_gradable"].startswith("not prepared: ") and "error: no wheel for qhull" in specs[IID]["not_gradable"]
     task = load_swebench(str(rows), SWEBenchConfig(repos_root=repos_root, specs=report.specs_path))[0]
     assert task.metadata["not_gradable"] == specs[IID]["not_gradable"] and task.files == {}
+
+
+def test_environment_yml_optional_test_dependencies_are_installed_best_effort(tmp_path) -> None:
+    repo = str(tmp_path / "r")
+    os.makedirs(os.path.join(repo, "ci"))
+    subprocess.run(["git", "init", "-q", repo], check=True)
+    with open(os.path.join(repo, "ci", "environment.yml"), "w") as fh:
+        fh.write("name: t\ndependencies:\n  - numpy=1.23\n  - sparse\n  - pint>=0.15\n  - hdf5\n  - pip:\n    - foo==1\n")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "env")
+    skipped, optional = [], []
+    lines = sp.environment_yml_requirements(repo, "HEAD", ["ci/environment.yml"], "w", skipped, optional)
+    assert lines == ["numpy==1.23", "foo==1"] and skipped == ["hdf5"] and optional == ["sparse", "pint>=0.15"]
