@@ -154,3 +154,10 @@ def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
                                              "mount point in the local sandbox (a plain folder in the image)")
     (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert open('/tests/data.txt')\n")
     assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+
+
+def test_go_mod_tidy_of_standard_library_code_needs_no_network() -> None:
+    std = "cat > go.mod <<'EOF'\nmodule s\n\ngo 1.22\nEOF\ncat > main.go <<'EOF'\nimport (\n\t\"fmt\"\n\t\"net/http\"\n)\nEOF\n"
+    assert tlb.solution_network(std + "go mod tidy\ngo build .\n") is None
+    assert tlb.solution_network(std.replace('"net/http"', '"github.com/gorilla/mux"') + "go mod tidy\n") == "go mod"
+    assert tlb.solution_network("go mod init x\ngo build .\n") is None
