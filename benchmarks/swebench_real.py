@@ -65,6 +65,7 @@ def _parse() -> argparse.Namespace:
                    help="the JSON report of `compactrl tasks validate` on a random draw of unseen rows: written as a "
                         "separate section (with prepare's reason for rows it could not prepare, from ENVS_ROOT)")
     p.add_argument("--draw-command", default=None, help="the commands that made --draw-validate, for the section")
+    p.add_argument("--draw-note", action="append", default=[], help="a line under the draw's table (repeatable)")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -300,6 +301,7 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
                   + ", ".join(f"`{i}`" for i in not_run)]
     if getattr(args, "draw_validate", None):
         lines += draw_section(args.draw_validate, args.envs_root, args.draw_command)
+        lines += [""] + [f"- {note}" for note in args.draw_note]
     return "\n".join(lines) + "\n"
 
 
