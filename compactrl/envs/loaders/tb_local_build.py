@@ -779,27 +779,15 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         os.makedirs(site)
         # wheels only: a requirement with none for this interpreter (numpy 1.21 on Python 3.11) is the
         # image's, not something to compile here for half an hour
-        cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
-               "--only-binary=:all:", "--target", site, *build["pip"]]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"needs its image: pip install {' '.join(build['pip'])} (timed out after {timeout_s:g}s)"
-        if res.returncode != 0:
-            tail = (res.stdout + res.stderr).strip().splitlines()[-3:]
-            return (f"needs its image: pip install {' '.join(build['pip'])} (pip failed here: {' | '.join(tail)[-300:]})"
-                    + _python_mismatch(task))
+        failed = _pip_wheels_into(site, build["pip"], timeout_s, tail_lines=3)
+        if failed:
+            return (f"needs its image: pip install {' '.join(build['pip'])} ({failed})"
+                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
     for req in build.get("tools") or ():
         target = os.path.join(out, "tools", req.replace("==", "-"))
-        cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
-               "--only-binary=:all:", "--no-deps", "--target", target, req]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"needs its image: {req} from PyPI for its installer step (timed out after {timeout_s:g}s)"
-        if res.returncode != 0:
-            tail = (res.stdout + res.stderr).strip().splitlines()[-2:]
-            return f"needs its image: {req} from PyPI for its installer step (pip failed here: {' | '.join(tail)[-300:]})"
+        failed = _pip_wheels_into(target, ["--no-deps", req], timeout_s, tail_lines=2)
+        if failed:
+            return f"needs its image: {req} from PyPI for its installer step ({failed})"
     outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
             for src, dest in s["pairs"]]
     stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
@@ -900,6 +888,21 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
 
 def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
     return {k: v.replace("__SITE__", site) for k, v in env.items()}
+
+
+def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
+    """``pip install`` wheels only (``--only-binary=:all:``) into ``target``; ``None`` when it worked,
+    else why not: ``"timed out after Ns"`` or ``"pip failed here: <last lines>"``."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
+           "--only-binary=:all:", "--target", target, *args]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s:g}s"
+    if res.returncode != 0:
+        tail = (res.stdout + res.stderr).strip().splitlines()[-tail_lines:]
+        return f"pip failed here: {' | '.join(tail)[-300:]}"
+    return None
 
 
 def _python_mismatch(task) -> str:
