@@ -28,3 +28,12 @@ def backend(request) -> str:
     if why:
         pytest.skip(why)
     return request.param
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> str:
+    """A fresh cache of Terminal-Bench tasks' prepared local states (the default one lives in
+    ~/.cache), for the tests of ``tb_local_build``; it stands in for pytest's own ``cache`` here."""
+    path = str(tmp_path / "tb-local")
+    monkeypatch.setenv("COMPACTRL_TB_LOCAL_CACHE", path)
+    return path

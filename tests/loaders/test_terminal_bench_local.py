@@ -23,14 +23,6 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.skipif(bool(local_unavailabl
 LOCAL = os.path.join(FIXTURES, "terminal_bench_local")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> str:
-    """A fresh cache of prepared states (the default one lives in ~/.cache)."""
-    path = str(tmp_path / "tb-local")
-    monkeypatch.setenv("COMPACTRL_TB_LOCAL_CACHE", path)
-    return path
-
-
 def _load(name: str, cache: str, **options):
     return load_task_dir(os.path.join(LOCAL, name),
                          TerminalBenchConfig(backend="local", prepare=True, local_cache=cache, **options))

@@ -18,13 +18,6 @@ from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 LOCAL = os.path.join(FIXTURES, "terminal_bench_local")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch) -> str:
-    path = str(tmp_path / "tb-local")
-    monkeypatch.setenv("COMPACTRL_TB_LOCAL_CACHE", path)
-    return path
-
-
 # ---------------------------------------------------------------------------- system packages
 def test_apt_decision_per_package_without_installing() -> None:
     installed = {"make", "python3"}
