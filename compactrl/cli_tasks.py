@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="files fetched ahead, found by content: <sha256> files a build step downloads (with "
                         "'<sha256> <url>' lines in DIR/urls.txt), <git blob id> files a checkout lacks")
     p.add_argument("--workdir", default="/workspace", help="the repository's path inside the sandbox (default: /workspace)")
+    p.add_argument("--install-system-packages", action="store_true",
+                   help="first apt-get install the packages the rows' harness images install (their pre_install's "
+                        "apt-get lines) and this machine lacks (needs root; each command printed and recorded in "
+                        "~/.cache/compactrl/system-packages.jsonl and manifest.json); without it those rows are "
+                        "flagged not gradable")
     v = sub.add_parser("validate", help="run gold and noop on every task: gold must succeed, noop fail",
                        description="run the gold and noop policies on every task of a set (SWE-bench rows, "
                                    "Terminal-Bench folders, Task records); one line per task, a JSON report, "
@@ -73,7 +78,7 @@ def _prepare(args: argparse.Namespace) -> int:
                            harness_specs=args.harness_specs, strict_python=args.strict_python,
                            pip_args=tuple(args.pip_arg), workdir=args.workdir, instance_ids=ids,
                            resolver=args.resolver, command_timeout_s=args.step_timeout,
-                           download_cache=args.download_cache,
+                           download_cache=args.download_cache, install_system_packages=args.install_system_packages,
                            exclude_newer=None if args.exclude_newer.lower() == "none" else args.exclude_newer)
     import signal
 

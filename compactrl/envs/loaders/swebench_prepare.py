@@ -37,6 +37,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -110,6 +111,12 @@ class PrepareConfig:
     """A folder of files fetched ahead from wherever they can be reached, found by their content
     (see :func:`download_cache_index`): ``<sha256>`` files a build would download (listed with the
     URLs they stand for in ``urls.txt``), ``<git blob id>`` files a checkout lacks. None: none."""
+    install_system_packages: bool = False
+    """Before building: ``apt-get install`` the packages the rows' ``pre_install`` installs in the
+    harness's image and this machine lacks (needs root; the Terminal-Bench loader's
+    :func:`~compactrl.envs.loaders.tb_local_build.install_system_packages`: each command printed and
+    recorded, here also in ``manifest.json``'s ``system_packages``). Without it such rows are flagged
+    not gradable (matplotlib's tests need ghostscript, LaTeX, ffmpeg, ImageMagick as its image has them)."""
     resolver: str = "auto"
     """Who installs the packages: ``uv`` (``uv pip install``, where uv supports the interpreter:
     Python >= 3.8), ``pip`` (the venv's pip, upgraded first to the newest that supports its Python),
@@ -141,6 +148,8 @@ class PrepareReport:
 
     prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    system_packages: dict[str, Any] = field(default_factory=dict)
+    """What ``install_system_packages`` did: ``{"wanted", "installed", "unavailable"}`` (empty: not asked)."""
     specs_path: str = ""
     manifest_path: str = ""
 
@@ -774,6 +783,166 @@ def fetch_shim(tool: str, urls_path: str, args: Sequence[str]) -> int:
     return 0
 
 
+# ===================================================================== bundled library sources
+_SETUPEXT_VERSION = re.compile(r"^(TESTING_VERSION_OF_FREETYPE|LOCAL_FREETYPE_VERSION)\s*=\s*['\"]([\w.]+)['\"]", re.M)
+_ARCHIVE_SUFFIXES = (".tar.gz", ".tar.bz2", ".tar.xz", ".tgz")
+
+
+def freetype_wanted(tree: str) -> dict[str, str] | None:
+    """What a matplotlib work tree's ``setupext.py`` downloads to build its own FreeType, when it
+    skips the download for sources already extracted in ``build/freetype-<version>`` (matplotlib
+    3.3 and later: ``get_and_extract_tarball`` returns early when that folder exists):
+    ``{"library", "version", "sha256", "file", "into"}``, else None. The version is
+    ``TESTING_VERSION_OF_FREETYPE`` where the file defines it (3.5 and later, where
+    ``LOCAL_FREETYPE_VERSION`` differs only on Windows ARM64), else its ``LOCAL_FREETYPE_VERSION``
+    string; the sha256 is that version's entry of ``_freetype_hashes``."""
+    path = os.path.join(tree, "setupext.py")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read()
+    if "def get_and_extract_tarball" not in text or "toplevel.exists()" not in text:
+        return None
+    found = dict(_SETUPEXT_VERSION.findall(text))
+    version = found.get("TESTING_VERSION_OF_FREETYPE") or found.get("LOCAL_FREETYPE_VERSION")
+    if not version:
+        return None
+    sha = re.search(rf"['\"]{re.escape(version)}['\"]\s*:\s*['\"]([0-9a-f]{{64}})['\"]", text)
+    return {"library": "freetype", "version": version, "sha256": sha.group(1) if sha else "",
+            "file": f"freetype-{version}.tar.gz", "into": f"build/freetype-{version}"}
+
+
+def _archive_names(index: Mapping[str, Mapping[str, str]], folder: str) -> list[tuple[str, str, str]]:
+    """(path, name, sha256) of the download cache's files, each under its own name and under the
+    base name of every URL ``urls.txt`` lists for it (a file kept under its sha256)."""
+    by_path: dict[str, list[str]] = {}
+    for url, sha in index["urls"].items():
+        by_path.setdefault(index["sha256"][sha], []).append(os.path.basename(url.split("?")[0]))
+    out = []
+    for sha, path in index["sha256"].items():
+        for name in [os.path.basename(path), *by_path.get(path, [])]:
+            out.append((path, name, sha))
+    return sorted(set(out))
+
+
+def find_release(folder: str, library: str, version: str) -> dict[str, Any] | None:
+    """A download cache's copy of ``library``'s ``version`` release sources, in any archive format:
+    ``<library>-<version>.tar.{gz,bz2,xz}`` (or ``.tgz``), or a Debian/Ubuntu source package's
+    ``<library>_<version>.orig.tar.*`` that holds that archive (the older multi-tarball layout:
+    ``<library>-<version>/<library>-<version>.tar.bz2`` beside the docs) or the release's folder.
+    The release is the archive's ``<library>-<version>/`` folder; for FreeType its
+    ``include/freetype/freetype.h`` must also define that version (a wrong release is not used).
+    ``{"archive", "archive_sha256", "member", "member_sha256"}`` (member: the inner archive, or
+    None), or None."""
+    import hashlib
+    import io
+
+    index = download_cache_index(folder)
+    plain = {f"{library}-{version}{s}" for s in _ARCHIVE_SUFFIXES}
+    orig = {f"{library}_{version}.orig{s}" for s in _ARCHIVE_SUFFIXES}
+    for path, name, sha in _archive_names(index, folder):
+        if name not in plain | orig:
+            continue
+        try:
+            with tarfile.open(path, "r:*") as outer:
+                if _release_in(outer, library, version):
+                    return {"archive": path, "archive_sha256": sha, "member": None, "member_sha256": None}
+                for member in outer.getmembers():
+                    if member.isfile() and os.path.basename(member.name) in plain:
+                        data = outer.extractfile(member).read()
+                        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as inner:
+                            if _release_in(inner, library, version):
+                                return {"archive": path, "archive_sha256": sha, "member": member.name,
+                                        "member_sha256": hashlib.sha256(data).hexdigest()}
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            log.warning("download_cache: %s: not a readable archive (%s)", path, exc)
+    return None
+
+
+def _release_in(archive: Any, library: str, version: str) -> bool:
+    """Whether a tar archive holds ``<library>-<version>/`` (for FreeType: with that version in its
+    ``include/freetype/freetype.h``)."""
+    top = f"{library}-{version}/"
+    names = [_member_name(m) for m in archive.getmembers()]
+    if not any(n.startswith(top) for n in names):
+        return False
+    if library != "freetype":
+        return True
+    header = next((m for m in archive.getmembers() if _member_name(m) == top + "include/freetype/freetype.h"), None)
+    if header is None:
+        return False
+    text = archive.extractfile(header).read().decode("latin-1")
+    parts = [re.search(rf"#define\s+FREETYPE_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        return False
+    found = [int(p.group(1)) for p in parts]
+    want = [int(x) for x in version.split(".")] + [0] * (3 - len(version.split(".")))
+    return found == want[:3]
+
+
+def pre_extract_sources(tree: str, cache: str, where: str) -> list[dict[str, Any]]:
+    """Before the install step: where the tree's build downloads a library's release and checks the
+    download's sha256 (matplotlib's FreeType, :func:`freetype_wanted`), the cache does not hold that
+    file, but holds the same release in another archive (:func:`find_release`), the release's
+    sources are extracted into the folder the build uses when present (``build/freetype-<version>``;
+    the build then skips the download). The bytes of that archive differ from the file the build
+    checks; the sources are the same release's. What was extracted, from which archive (and its
+    sha256), for the manifest."""
+    import io
+
+    wanted = freetype_wanted(tree)
+    if wanted is None or os.path.exists(os.path.join(tree, wanted["into"])):
+        return []
+    if wanted["sha256"] and wanted["sha256"] in download_cache_index(cache)["sha256"]:
+        return []  # the file itself: the build reads it from the seeded cache
+    found = find_release(cache, wanted["library"], wanted["version"])
+    if found is None:
+        return []
+    dest = os.path.join(tree, os.path.dirname(wanted["into"]))
+    os.makedirs(dest, exist_ok=True)
+    with tarfile.open(found["archive"], "r:*") as outer:
+        if found["member"] is None:
+            _extract_release(outer, wanted["library"], wanted["version"], dest)
+        else:
+            data = outer.extractfile(found["member"]).read()
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as inner:
+                _extract_release(inner, wanted["library"], wanted["version"], dest)
+    log.info("%s: %s %s sources from %s into %s", where, wanted["library"], wanted["version"], found["archive"],
+             wanted["into"])
+    record = {k: v for k, v in wanted.items() if k != "sha256"}
+    return [{**record, "wanted_sha256": wanted["sha256"], **found,
+             "note": f"the same release as {wanted['file']}, from another archive: its bytes differ from the file "
+                     "the build checks, its sources are that release's"}]
+
+
+def _member_name(member: Any) -> str:
+    name = member.name
+    while name.startswith("./"):
+        name = name[2:]
+    return name
+
+
+def _extract_release(archive: Any, library: str, version: str, dest: str) -> None:
+    """Extract ``<library>-<version>/`` of the archive into ``dest``: its files, folders and links
+    only (tarfile's ``data`` filter: nothing outside ``dest``, no devices; a member that would leave
+    ``dest`` is a PrepareError)."""
+    top = f"{library}-{version}"
+    members = []
+    for member in archive.getmembers():
+        name = _member_name(member)
+        if name != top and not name.startswith(top + "/"):
+            continue
+        if os.path.isabs(name) or ".." in name.split("/") or member.isdev():
+            raise PrepareError(f"download_cache: unsafe archive member {member.name!r} in the {library} release")
+        members.append(member)
+    if not hasattr(tarfile, "data_filter"):  # Python < 3.11.4: links checked here
+        for member in members:
+            if (member.issym() or member.islnk()) and (os.path.isabs(member.linkname) or ".." in member.linkname):
+                raise PrepareError(f"download_cache: unsafe link {member.name!r} -> {member.linkname!r}")
+    kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+    archive.extractall(dest, members=members, **kwargs)
+
+
 def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mapping[str, Any], repo_path: str,
                      config: PrepareConfig, where: str, progress: Progress | None = None) -> dict[str, Any]:
     """The row's work tree at ``base_commit`` and its own copy of the environment with the spec's
@@ -809,6 +978,7 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
         script = "set -euxo pipefail\n" + "\n".join(c.replace("/testbed", dest) for c in record["commands"]) + "\n"
         seeded = None
         if config.download_cache:
+            record["sources_from_download_cache"] = pre_extract_sources(dest, config.download_cache, where)
             seeded = seed_download_cache(config.download_cache, os.path.join(root, "download-cache"),
                                          [row["repo"].split("/")[-1]])
             record["download_cache"] = {"folder": os.path.abspath(config.download_cache), **seeded}
@@ -1091,6 +1261,10 @@ def prepare(rows_path: str, config: PrepareConfig, progress: Progress | None = N
                            manifest_path=os.path.join(config.envs_root, "manifest.json"))
     named = [(_row_where(where, row), row) for where, row in located]
     checked = [(where, row, _check_row(row, where, config.repos_root)) for where, row in named]  # all, before building
+    if config.install_system_packages:
+        report.system_packages = install_system_packages_for(
+            [env_spec(harness, row["repo"], row["version"], where) for where, row, _ in checked
+             if row["version"] in harness["specs"].get(row["repo"], {})], progress)
     envs: dict[str, dict[str, Any] | PrepareError] = {}
     for number, (where, row, repo_path) in enumerate(checked, start=1):
         if progress:
@@ -1115,6 +1289,42 @@ def prepare(rows_path: str, config: PrepareConfig, progress: Progress | None = N
     return report
 
 
+def system_packages_wanted(specs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The packages the specs' ``pre_install`` lines install with the system's package manager, in order."""
+    out: list[str] = []
+    for spec in specs:
+        for command in _commands(spec.get("pre_install")):
+            if on_system(command):
+                out += [p for p in _apt_packages(command) if p not in out]
+    return out
+
+
+def install_system_packages_for(specs: Sequence[Mapping[str, Any]], progress: Progress | None = None) -> dict[str, Any]:
+    """``apt-get install`` what :func:`system_packages_wanted` names and this machine lacks, where
+    apt has it (the Terminal-Bench loader's functions: root only, each command printed and recorded
+    in ``~/.cache/compactrl/system-packages.jsonl``); ``{"wanted", "installed", "unavailable"}``.
+    A failing apt is a PrepareError with apt's last lines."""
+    from compactrl.envs.loaders.tb_local_build import (
+        SYSTEM_PACKAGES_RECORD,
+        apt_decision,
+        install_system_packages,
+    )
+
+    wanted = system_packages_wanted(specs)
+    decision = apt_decision([p for p in wanted if not _dpkg_installed(p)])
+    todo = [p for p, d in decision.items() if d == "installable"]
+    unavailable = [p for p, d in decision.items() if d == "unavailable"]
+    echo = progress or (lambda message: log.info("%s", message))
+    if unavailable:
+        echo(f"system packages apt has no candidate for (their rows stay not gradable): {' '.join(unavailable)}")
+    try:
+        installed = install_system_packages(todo, SYSTEM_PACKAGES_RECORD, echo) if todo else []
+    except RuntimeError as exc:
+        raise PrepareError(f"install_system_packages: {exc}") from None
+    return {"wanted": wanted, "installed": installed, "unavailable": unavailable, "record": SYSTEM_PACKAGES_RECORD,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
 def _env_or_error(row, spec, harness, repo_path, config, where, progress=None) -> dict[str, Any] | PrepareError:
     try:
         return build_env(row, spec, harness, repo_path, config, where, progress)
@@ -1136,6 +1346,7 @@ def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
             **{k: inst[k] for k in ("checkout", "commands", "skipped", "relocated", "generated_files", "install_s",
                                     "reused")}, "log": inst.get("log"),
             "blobs_from_download_cache": inst.get("blobs_from_download_cache", []),
+            "sources_from_download_cache": inst.get("sources_from_download_cache", []),
             "download_cache": inst.get("download_cache")}
 
 
@@ -1161,6 +1372,9 @@ def _write_outputs(report: PrepareReport) -> None:
     for iid in report.prepared:
         manifest["failed"].pop(iid, None)
     manifest["failed"].update(report.failed)
+    if report.system_packages:
+        manifest.setdefault("system_packages", []).append(report.system_packages)
+        report.system_packages = {}  # recorded once
     for iid in report.failed:
         manifest["instances"].pop(iid, None)
     _write_json(report.manifest_path, manifest)
