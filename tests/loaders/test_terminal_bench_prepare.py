@@ -69,6 +69,7 @@ def test_installing_needs_root(monkeypatch) -> None:
 def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch) -> None:
     assert tlb.go_requirement(["module x\n\ngo 1.22\n", "go 1.21.3\n", None]) == (1, 22)
     monkeypatch.setattr(tb, "host_go_version", lambda: (1, 19))
+    monkeypatch.setenv("COMPACTRL_TOOLCHAINS", str(tmp_path / "toolchains"))  # none cached (tb_toolchains)
     folder = tmp_path / "go-task"
     (folder / "tests").mkdir(parents=True)
     (folder / "task.yaml").write_text("instruction: build it\nparser_name: pytest\n")

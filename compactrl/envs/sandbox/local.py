@@ -439,7 +439,10 @@ class LocalSandbox:
 
     def _ro_binds(self) -> tuple[str, ...]:
         tools = host_toolchains()[0] if self.config.host_toolchains else []
-        return (*self.config.ro_binds, *tools, *((self._state,) if self._state else ()))
+        # a task's own read-only folders (``metadata["ro_binds"]``: a toolchain its loader fetched at prepare)
+        own = [p for p in (self.task.metadata.get("ro_binds") or () if self.task else ())
+               if isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p)]
+        return (*self.config.ro_binds, *tools, *own, *((self._state,) if self._state else ()))
 
     def _local_state(self, task: Task) -> str | None:
         """The prepared state of a task whose Dockerfile steps the local backend replays
