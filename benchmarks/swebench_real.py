@@ -61,11 +61,14 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--export-max-bytes", type=int, default=40_000)
     p.add_argument("--redo", default=None, help="comma-separated rows to run again even with --resume")
     p.add_argument("--table-only", action="store_true", help="with --resume: write the table from the JSON, run nothing")
-    p.add_argument("--draw-validate", default=None, metavar="FILE",
+    p.add_argument("--draw-validate", action="append", default=[], metavar="FILE",
                    help="the JSON report of `compactrl tasks validate` on a random draw of unseen rows: written as a "
-                        "separate section (with prepare's reason for rows it could not prepare, from ENVS_ROOT)")
-    p.add_argument("--draw-command", default=None, help="the commands that made --draw-validate, for the section")
-    p.add_argument("--draw-note", action="append", default=[], help="a line under the draw's table (repeatable)")
+                        "separate section (with prepare's reason for rows it could not prepare, from ENVS_ROOT); "
+                        "repeatable, one section per draw")
+    p.add_argument("--draw-command", action="append", default=[],
+                   help="the commands that made the n-th --draw-validate, for its section (repeatable, in order)")
+    p.add_argument("--draw-note", action="append", default=[], help="a line under the first draw's table (repeatable)")
+    p.add_argument("--draw2-note", action="append", default=[], help="a line under the second draw's table (repeatable)")
     p.add_argument("--out", default=OUT)
     return p.parse_args()
 
@@ -259,7 +262,7 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
         f"run started, {load_after[0]:.2f} at this write; Python {platform.python_version()}. "
         f"Preparation (from an empty envs folder unless reused): {prepare_s:.0f} s.", "",
         _reuse_note(run), "",
-        f"Command: `nice -n 10 python benchmarks/swebench_real.py {' '.join(sys.argv[1:])}`", "",
+        f"Command: `nice -n {os.nice(0)} python benchmarks/swebench_real.py {' '.join(sys.argv[1:])}`", "",
         "Parity: the test log of each run graded by `swebench.harness.grading` (5.x: `get_logs_eval`, "
         "`get_eval_tests_report`, `get_resolution_status`, the repository's parser from `MAP_REPO_TO_PARSER_PY`) "
         "equals compactrl's verdict (`=`), else `DIFF`.", "",
@@ -299,13 +302,18 @@ def _markdown(args, results, failed, prepare_s, load_before, load_after, partial
     if not_run:
         lines += ["", "Prepared but not run (the run was stopped for time before them): "
                   + ", ".join(f"`{i}`" for i in not_run)]
-    if getattr(args, "draw_validate", None):
-        lines += draw_section(args.draw_validate, args.envs_root, args.draw_command)
-        lines += [""] + [f"- {note}" for note in args.draw_note]
+    notes = [getattr(args, "draw_note", []), getattr(args, "draw2_note", [])]
+    for number, report in enumerate(getattr(args, "draw_validate", None) or []):
+        commands = getattr(args, "draw_command", None) or []
+        lines += draw_section(report, args.envs_root, commands[number] if number < len(commands) else None,
+                              "Random draw: rows nobody had looked at" if number == 0
+                              else "A larger random draw: rows nobody had looked at")
+        lines += [""] + [f"- {note}" for note in (notes[number] if number < len(notes) else [])]
     return "\n".join(lines) + "\n"
 
 
-def draw_section(report_path: str, envs_root: str, command: str | None) -> list[str]:
+def draw_section(report_path: str, envs_root: str, command: str | None,
+                 title: str = "Random draw: rows nobody had looked at") -> list[str]:
     """The random draw's section: one line per row of ``compactrl tasks validate``'s JSON report,
     prepare's failure reason (from the envs root's manifest) for a row it could not prepare."""
     with open(report_path, encoding="utf-8") as fh:
@@ -314,7 +322,7 @@ def draw_section(report_path: str, envs_root: str, command: str | None) -> list[
     failed = json.load(open(manifest_path)).get("failed", {}) if os.path.exists(manifest_path) else {}
     tasks = report["tasks"]
     right = sum(t["ok"] for t in tasks)
-    lines = ["", "## Random draw: rows nobody had looked at", "",
+    lines = ["", f"## {title}", "",
              f"`{report['source']}` (how it was drawn: `benchmarks/data/swebench_real.SOURCES.md`), checked as an "
              f"acceptance check would: prepared, then `compactrl tasks validate` on the `{report['backend']}` backend, "
              f"nothing changed for these rows before. **{right}/{len(tasks)}** right (gold resolved, no-op not).", ""]
