@@ -265,7 +265,12 @@ def main() -> None:
     parser.add_argument("--oracle-python", default=os.environ.get("COMPACTRL_TB_ORACLE_PYTHON", ""),
                         help="interpreter with terminal-bench and harbor installed: the official graders' verdicts "
                              "on the local outputs (benchmarks/terminal_bench_oracle.py)")
+    parser.add_argument("--download-cache", default=os.environ.get("COMPACTRL_DOWNLOAD_CACHE", ""),
+                        help="things fetched ahead for the local backend's prepare: DIR/git/<host>/<owner>/<name>.git "
+                             "bare mirrors of the repositories Dockerfile steps clone (TerminalBenchConfig.download_cache)")
     args = parser.parse_args()
+    if args.download_cache:
+        os.environ["COMPACTRL_DOWNLOAD_CACHE"] = os.path.abspath(args.download_cache)
     load_before = os.getloadavg()
     started = time.monotonic()
     backends = args.backends.split(",")

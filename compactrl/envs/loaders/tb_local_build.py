@@ -35,6 +35,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ _APT = {"apt-get", "apt", "aptitude"}
 _PIP = re.compile(r"^pip(3(\.\d+)?)?$")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 # commands that fetch from the network or install outside what the machine has: only the image has them
-_IMAGE_ONLY = {"curl", "wget", "npm", "npx", "yarn", "pnpm", "gem", "bundle", "conda", "mamba", "micromamba", "apk",
+_IMAGE_ONLY = {"curl", "wget", "npx", "yarn", "pnpm", "gem", "bundle", "conda", "mamba", "micromamba", "apk",
                "yum", "dnf", "microdnf", "zypper", "pipx", "uvx", "rustup", "nvm", "sdk", "add-apt-repository",
                "service", "systemctl", "snap", "brew", "dpkg", "update-alternatives", "locale-gen", "poetry",
                "pdm", "hatch", "conan", "vcpkg", "bun", "deno", "mvn", "gradle", "sbt", "dotnet", "composer",
@@ -171,6 +172,90 @@ def _context_text(path: str, files: dict[str, str], context: str) -> str | None:
     return None
 
 
+_GIT_CLONE_VALUES = {"-b", "--branch", "--depth", "-o", "--origin", "-c", "--config", "--reference", "-u",
+                     "--upload-pack", "--template", "--separate-git-dir", "--filter", "-j", "--jobs", "--shallow-since",
+                     "--shallow-exclude", "--server-option", "--reference-if-able", "--bundle-uri"}
+
+
+def _git_clone_url(args: list[str]) -> str | None:
+    """The repository URL of ``git clone``'s arguments (after ``clone``) when it is a remote one."""
+    i = args.index("clone") + 1 if "clone" in args else 0
+    while i < len(args):
+        w = args[i]
+        if w in _GIT_CLONE_VALUES:
+            i += 2
+            continue
+        if w.startswith("-"):
+            i += 1
+            continue
+        return w if re.match(r"^(https?|git|ssh)://|^[\w.-]+@[\w.-]+:", w) else None
+    return None
+
+
+def git_mirror_path(url: str, mirror: str | None) -> str | None:
+    """The bare repository standing for ``url`` in a git mirror folder laid out as
+    ``<mirror>/<host>/<owner>/<name>.git`` (``https://github.com/O/N(.git)``, ``git@github.com:O/N``),
+    when it is there; else None."""
+    if not mirror:
+        return None
+    m = re.match(r"^(?:(?:https?|git|ssh)://(?:[^@/]+@)?([^/:]+)(?::\d+)?/|[\w.-]+@([\w.-]+):)(.+?)(?:\.git)?/?$", url)
+    if not m:
+        return None
+    path = os.path.join(mirror, m.group(1) or m.group(2), *m.group(3).split("/")) + ".git"
+    return path if os.path.isfile(os.path.join(path, "HEAD")) else None
+
+
+def git_mirror_env(mirror: str | None) -> dict[str, str]:
+    """Git configuration (``GIT_CONFIG_COUNT``/``KEY``/``VALUE`` variables, no file touched) that makes
+    ``git clone`` of any repository under a host of the mirror read ``<mirror>/<host>/...`` instead:
+    ``url.<mirror>/<host>/.insteadOf`` for the https, http, git and ssh spellings; the mirror's
+    repositories are another user's, so they are marked safe."""
+    pairs = [("safe.directory", "*")]
+    for host in sorted(os.listdir(mirror)) if mirror and os.path.isdir(mirror) else ():
+        if os.path.isdir(os.path.join(mirror, host)):
+            for prefix in (f"https://{host}/", f"http://{host}/", f"git://{host}/", f"ssh://git@{host}/", f"git@{host}:"):
+                pairs.append((f"url.{os.path.join(mirror, host)}/.insteadOf", prefix))
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for i, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+def git_mirror_problem(repo: str) -> str | None:
+    """Why a mirrored bare repository cannot stand for its clone, or None: a file the sandbox's user
+    cannot read, or objects its refs reach that it lacks (a partial or truncated copy: the clone's
+    checkout would fail, or differ from the image's)."""
+    for dirpath, _dirs, names in os.walk(repo):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if not os.stat(path).st_mode & 0o004:
+                return f"{path} is not readable by the sandbox's user (chmod -R a+rX {repo})"
+    try:
+        res = subprocess.run(["git", "-C", repo, "rev-list", "--objects", "--all", "--missing=print"],
+                             capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"git rev-list in {repo} failed: {e}"
+    if res.returncode != 0:
+        return f"git rev-list in {repo} failed: {res.stderr.strip()[-200:]}"
+    missing = [line[1:] for line in res.stdout.splitlines() if line.startswith("?")]
+    if missing:
+        where = subprocess.run(["git", "-C", repo, "ls-tree", "-r", "HEAD"], capture_output=True, text=True,
+                               timeout=60).stdout
+        path = next((line.split("\t", 1)[1] for line in where.splitlines() if missing[0] in line), "")
+        return (f"the mirror {repo} lacks {len(missing)} object(s) its refs reach, e.g. {missing[0][:12]}"
+                + (f" ({path} at HEAD)" if path else "") + ": a complete mirror (git clone --mirror) is needed")
+    return None
+
+
+def _git_head(repo: str) -> str:
+    try:
+        res = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout.strip() if res.returncode == 0 else ""
+
+
 def _go_mod_local(args: list[str]) -> bool:
     """``go mod init`` / ``go mod edit`` write go.mod and fetch nothing (``tidy``, ``download`` do)."""
     words = [w for w in args if not w.startswith("-")]
@@ -203,8 +288,14 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
             return Segment(text, words, "noop")
         reqs, why = _pip_requirements(pip_args[pip_args.index("install") + 1:], files, context)
         return Segment(text, words, "pip", reqs) if reqs is not None else Segment(text, words, "image", why)
+    if cmd == "uv" and sub == "venv" and not any(w.startswith("--python") or w == "-p" for w in rest):
+        return Segment(text, words, "run")  # a venv of an interpreter found here: no download
     if cmd == "uv":
         return Segment(text, words, "image", f"uv {sub} (a project environment from the network)")
+    if cmd == "npm":
+        return _classify_npm(text, words, sub)
+    if cmd == "git" and sub == "clone" and _git_clone_url(rest):
+        return Segment(text, words, "git", [_git_clone_url(rest)])
     if cmd in _IMAGE_ONLY or (cmd == "git" and sub in _GIT_NETWORK) or (cmd == "cargo" and sub in _CARGO_NETWORK) \
             or (cmd == "go" and sub in _GO_NETWORK and not _go_mod_local(rest)):
         return Segment(text, words, "image", f"{cmd} {sub}".strip())
@@ -214,11 +305,16 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         # failed download, e.g. a `git clone` followed by more commands)
         script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
                                files, context) or _context_text(os.path.basename(targets[0]), files, context)
+        clones: list[str] = []
         for line in (script or "").splitlines():
             for inner, _sep in split_segments(line.split("#", 1)[0] if line.lstrip().startswith("#") else line):
                 seg = classify(inner, files, context)
                 if seg.action == "image":
                     return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
+                if seg.action == "git":
+                    clones += seg.detail
+        if clones:  # the clones it runs, from a git mirror (see plan)
+            return Segment(text, words, "git", clones)
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
@@ -231,6 +327,24 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
                                                  "system files)")
     return Segment(text, words, "run")
     return Segment(text, words, "run")
+
+
+# npm subcommands that install from the registry (fetched at prepare time, then run offline) and ones
+# that fetch nothing (run as they are)
+NPM_INSTALL = {"ci", "install", "i", "add", "isntall", "clean-install", "install-clean"}
+_NPM_LOCAL = {"run", "run-script", "test", "t", "start", "stop", "restart", "build", "rebuild", "prune", "ls", "list",
+              "ll", "la", "config", "c", "get", "set", "pack", "version", "help", "root", "prefix", "bin", "explain",
+              "query", "pkg", "cache", ""}
+
+
+def _classify_npm(text: str, words: list[str], sub: str) -> Segment:
+    """``npm ci`` / ``npm install`` (local, not ``-g``): fetched at prepare time (``"npm"``); ``npm run
+    build`` and the like: run; anything else (``npm publish``, ``npm install -g``...): the image's."""
+    if sub in NPM_INSTALL and not any(w in ("-g", "--global", "--location=global") for w in words):
+        return Segment(text, words, "npm", words)
+    if sub in _NPM_LOCAL:
+        return Segment(text, words, "run")
+    return Segment(text, words, "image", f"npm {sub}".strip())
 
 
 _CACHES = ("/var/lib/apt/lists", "/var/cache/apt", "/var/cache/debconf", "/var/cache/apk", "/root/.cache/pip")
@@ -246,6 +360,7 @@ def _system_paths(paths: list[str]) -> bool:
 # Top-level folders of the image that are the system's (read-only here) or the sandbox's own.
 _NOT_TASK_ROOTS = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "tmp", "sys", "run",
                    "var", "boot", "", ".", ".."}
+_VAR_PATH = re.compile(r"(?<![\w.$/~-])/var/([A-Za-z0-9_][A-Za-z0-9_.-]*)(?:/[^\s;&|'\"]*)?")
 _ABS_PATH = re.compile(r"(?<![\w.$/~-])/([A-Za-z0-9_][A-Za-z0-9_.-]*)")
 
 
@@ -258,9 +373,14 @@ def task_roots(steps: list[dict], workdir: str | None) -> list[str]:
         texts = [step.get("command", ""), step.get("path", "")] + [p[1] for p in step.get("pairs", [])]
         for text in texts:
             found.update(m.group(1) for m in _ABS_PATH.finditer(text or ""))
+            # /var/lib/bench, /var/cache/x, /var/www: the second level of /var is the task's (/var itself
+            # holds the sandbox's own mounts); the package managers' caches are not
+            found.update("var/" + m.group(1) for m in _VAR_PATH.finditer(text or "")
+                         if not ("/var/" + m.group(0).split("/var/", 1)[1]).startswith(_CACHES))
     if workdir:
         found.add(workdir.strip("/").split("/")[0])
-    return sorted("/" + f for f in found if f not in _NOT_TASK_ROOTS and "/" + f != workdir)
+    return sorted("/" + f for f in found if f not in _NOT_TASK_ROOTS and "/" + f != workdir
+                  and f not in ("var/tmp", "var/run", "var/lock"))
 
 
 # Interactive terminal tools that images install for the agent's session (the harness records it with
@@ -324,6 +444,10 @@ class Plan:
     they run as root, as the engine runs them, and what they change under the system folders is kept
     as the task's root layer (:func:`needs_root`)."""
 
+    git: dict[str, dict] = field(default_factory=dict)
+    """``git clone`` URLs the steps run -> ``{"mirror": bare repository, "head": its HEAD}`` (:func:`git_mirror_path`)."""
+    git_mirror: str | None = None
+    """The mirror folder the clones come from (``<download cache>/git``)."""
     tools: list[str] = field(default_factory=list)
     """Wheels of tools a known installer script would fetch (``uv==0.5.11`` for astral.sh's uv
     installer), installed at prepare time under ``tools/<name>-<version>`` of the state (:func:`map_installers`)."""
@@ -331,7 +455,8 @@ class Plan:
     def to_json(self) -> dict:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
-                **({"tools": self.tools} if self.tools else {})}
+                **({"tools": self.tools} if self.tools else {}),
+                **({"git": self.git, "git_mirror": self.git_mirror} if self.git else {})}
 
 
 # `curl -LsSf https://astral.sh/uv/0.5.11/install.sh | sh` (wget -qO- too; optional env assignments)
@@ -438,6 +563,10 @@ def solution_network(script: str | None) -> str | None:
                 continue  # nothing to fetch: every package the Go code imports is the standard library's
             if seg.action == "image" and seg.words and os.path.basename(seg.words[0]) in _FETCHERS and not local:
                 return str(seg.detail)
+            if seg.action == "npm":
+                return " ".join(seg.words[:2])
+            if seg.action == "git":
+                return f"git clone {seg.detail[0]}"
             if seg.action == "apt":
                 missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                 if missing:
@@ -590,7 +719,8 @@ def host_go_version(candidate=None) -> tuple[int, int] | None:
 
 
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
-         digest: str, solution_pip: list[str] | tuple[str, ...] = ()) -> tuple[Plan | None, str | None]:
+         digest: str, solution_pip: list[str] | tuple[str, ...] = (), git_mirror: str | None = None
+         ) -> tuple[Plan | None, str | None]:
     """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``."""
     env: dict[str, str] = {"PATH": BASE_PATH, "HOME": "/root"}
     out = Plan(key=digest)
@@ -615,7 +745,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                 inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
                 out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
         elif op == "run":
-            pieces, why = [], None
+            pieces, why, npm_steps = [], None, []
             command, wheels, notes = map_installers(step["command"])
             out.tools += [w for w in wheels if w not in out.tools]
             out.mapped += notes
@@ -641,6 +771,30 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                         f"{' '.join(todo)} into the task's site folder at prepare time" if todo
                         else "satisfied by the sandbox's Python"))
                     text = " true "
+                elif seg.action == "git":
+                    for url in seg.detail:
+                        repo = git_mirror_path(url, git_mirror)
+                        if repo is None:
+                            why = (f"needs its image: RUN {step['command'].strip()[:160]} (git clone {url}: not "
+                                   "reachable here; a bare mirror of it at <download cache>/git/<host>/<owner>/"
+                                   "<name>.git, given with `--download-cache DIR` or TerminalBenchConfig."
+                                   "download_cache, is cloned instead)")
+                            break
+                        problem = git_mirror_problem(repo)
+                        if problem:
+                            why = f"needs its image: RUN {step['command'].strip()[:160]} (git clone {url}: {problem})"
+                            break
+                        out.git[url] = {"mirror": repo, "head": _git_head(repo)}
+                        out.mapped.append(f"git clone {url}: from the mirror {repo} (HEAD {out.git[url]['head'][:12]})")
+                    if why:
+                        break
+                elif seg.action == "npm":
+                    # the packages are fetched from the npm registry at prepare time into the image's npm cache
+                    # ($HOME/.npm); the step itself then runs offline in the sandbox, scripts and all
+                    npm_steps.append(seg.detail)
+                    out.mapped.append(f"{' '.join(seg.words[:2])}: its packages fetched from the npm registry at "
+                                      f"prepare time into the npm cache ({env.get('HOME', '/root')}/.npm), then run "
+                                      "offline")
                 elif seg.action == "noop":
                     text = " true "
                 elif needs_root(seg.words) or re.search(r">\s*/(etc|usr|bin|sbin|lib)\b", text):
@@ -649,11 +803,15 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
             if why:
                 return None, why
             out.steps.append({"op": "run", "command": "".join(pieces), "workdir": step.get("workdir") or "/",
-                              "env": dict(env)})
+                              "env": dict(env), **({"npm": npm_steps} if npm_steps else {})})
+            if npm_steps:  # the episode's npm finds that cache where the image's does (its HOME is the work dir)
+                env["npm_config_cache"] = env.get("HOME", "/root").rstrip("/") + "/.npm"
     if out.pip:
         env["PYTHONPATH"] = ":".join(filter(None, ["__SITE__", env.get("PYTHONPATH", "")]))
         # the image's pytest loads the plugins installed with it (e.g. pytest-json-ctrf for --ctrf)
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = ""
+    if out.git:
+        out.git_mirror = git_mirror
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     out.roots = task_roots(steps, workdir)
     needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or len(out.env) > 1
@@ -803,6 +961,8 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         os.mkdir(layer, 0o755)
         options = {**options, "root_layer": layer, "root_layer_writable": True}
     tool_roots = tuple(os.path.dirname(rec["root"]) for rec in build.get("toolchains") or ())
+    if build.get("git_mirror"):  # git clone from the mirror (read-only; see git_mirror_env)
+        tool_roots += (build["git_mirror"],)
     sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
                                "output_limit_bytes": 16 << 20,
                                "ro_binds": (out, *tool_roots)} | options))
@@ -823,12 +983,24 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                     if res.exit_code != 0:
                         return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
                 continue
+            npm_prefix = ""
+            for words in step.get("npm") or ():
+                failed = _npm_prefetch(sandbox, words, step, out, timeout_s)
+                if failed:
+                    return f"needs its image: RUN {step['command'].strip()[:160]} ({failed})"
+                home = step["env"].get("HOME", "/root")
+                npm_prefix = (f"mkdir -p {shlex.quote(home)}/.npm && cp -a {shlex.quote(out)}/npm-cache/. "
+                              f"{shlex.quote(home)}/.npm/ && export npm_config_cache={shlex.quote(home)}/.npm "
+                              "npm_config_offline=true npm_config_audit=false npm_config_fund=false; ")
             env = _site_env(step["env"], site)
+            # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
+            # so repositories there are marked safe; clones come from the mirror when there is one
+            env = {**env, **git_mirror_env(build.get("git_mirror"))}
             for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
                 env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
             path = env.get("PATH", BASE_PATH)
-            command = (f"{exports}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
+            command = (f"{exports}{npm_prefix}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
                        f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
                        f"/bin/sh -c {shlex.quote(step['command'].replace(TOOLS_MARK, os.path.join(out, 'tools')))}")
             res = sandbox.exec(command, timeout_s=timeout_s)
@@ -844,6 +1016,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         elif os.path.exists(tar):
             os.remove(tar)
         shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
+        shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
     finally:
         sandbox.close()
         if root:
@@ -879,8 +1052,13 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
     mounts_text, _, entries_text = listing.output.partition("__compactrl_entries__\n")
     mounts = {m.strip("/") for m in mounts_text.split() if m.startswith("/")} - {p.strip("/") for p in roots}
     blocked = {"/".join(m.split("/")[:k]) for m in mounts for k in range(1, m.count("/") + 2)}
+    # what lies in a folder leading to one of the sandbox's mounts (``/root/.cache/uv`` beside the state's
+    # mount under ``/root/.cache``) is left out: that folder is the sandbox's own (root's) in an episode,
+    # so nothing can be restored into it; it holds tools' caches
+    inner = blocked - {p.strip("/") for p in roots}
     entries = [e for e in entries_text.splitlines() if e and e not in blocked
-               and not any(e.startswith(m + "/") for m in mounts)]
+               and not any(e.startswith(m + "/") for m in mounts)
+               and not any("/".join(e.split("/")[:k]) in inner for k in range(1, e.count("/") + 1))]
     if not entries:
         return
     sandbox.write_file(f"{STAGE_DIR}.list", "\n".join(entries) + "\n")
@@ -888,6 +1066,67 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
                        f"{STAGE_DIR}.list 2>&1; rm -f {shlex.quote(work)}/{STAGE_DIR}.list", timeout_s=timeout_s)
     if res.exit_code != 0:
         raise PrepareError(f"archiving what the Dockerfile's steps wrote outside the work dir failed: {res.output[-300:]}")
+
+
+_NPM_PACKAGE_FILES = ("package.json", "package-lock.json", "npm-shrinkwrap.json", ".npmrc")
+
+
+def _npm_prefetch(sandbox, words: list[str], step: dict, out: str, timeout_s: float) -> str | None:
+    """Fetch what an ``npm ci`` / ``npm install`` step installs from the npm registry into
+    ``<out>/npm-cache`` (the host has the network at prepare time, the sandbox never): the same npm
+    command run on the host in a scratch folder holding the step's package files (taken from its
+    folder in the sandbox as the build left them), with ``--ignore-scripts`` and the cache given.
+    The step then runs in the sandbox offline from that cache. Why it failed, or None."""
+    npm = shutil.which("npm")
+    if npm is None:
+        return "npm is not installed on this machine"
+    stage = f"{sandbox._workdir}/{STAGE_DIR}.npm.tar"
+    args, i, prefix = [], 1, None
+    while i < len(words):  # --prefix DIR: the packages' folder (a scratch one here)
+        w = words[i]
+        if w in ("--prefix", "-C") and i + 1 < len(words):
+            prefix, i = words[i + 1], i + 2
+            continue
+        if w.startswith("--prefix="):
+            prefix = w.split("=", 1)[1]
+        else:
+            args.append(w)
+        i += 1
+    folder = prefix if prefix and prefix.startswith("/") else posixpath_join(step["workdir"], prefix or ".")
+    names = " ".join(shlex.quote(n) for n in _NPM_PACKAGE_FILES)
+    res = sandbox.exec(f"cd {shlex.quote(folder)} 2>/dev/null && tar -cf {shlex.quote(stage)} $(ls -d {names} "
+                       f"2>/dev/null) 2>&1 || tar -cf {shlex.quote(stage)} -T /dev/null", timeout_s=60)
+    host_tar = os.path.join(sandbox.session_dir, "work", STAGE_DIR + ".npm.tar")
+    scratch = tempfile.mkdtemp(prefix="compactrl-npm-")
+    try:
+        if os.path.isfile(host_tar):
+            with tarfile.open(host_tar) as tf:
+                tf.extractall(scratch, filter="data")
+            os.remove(host_tar)
+        cmd = [npm, *args, "--prefix", scratch, "--cache", os.path.join(out, "npm-cache"), "--ignore-scripts",
+               "--no-audit", "--no-fund", "--no-update-notifier"]
+        try:
+            res = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=timeout_s,
+                                 env={**os.environ, "npm_config_offline": "false"})
+        except subprocess.TimeoutExpired:
+            return f"npm {' '.join(args)} from the registry timed out after {timeout_s:g}s"
+        if res.returncode != 0:
+            tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-3:])[-300:]
+            return f"npm {' '.join(args)} from the registry failed here: {tail}"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    # the sandbox's user reads the cache (it is copied into the image's $HOME/.npm there)
+    for dirpath, _dirs, files in os.walk(os.path.join(out, "npm-cache")):
+        os.chmod(dirpath, 0o755)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    return None
+
+
+def posixpath_join(base: str, rel: str) -> str:
+    import posixpath
+
+    return posixpath.normpath(posixpath.join(base or "/", rel))
 
 
 def toolchain_env(rec: dict, image_env: dict[str, str]) -> dict[str, str]:

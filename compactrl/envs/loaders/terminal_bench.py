@@ -110,6 +110,11 @@ class TerminalBenchConfig:
     """Replay the Dockerfile's steps for the local backend now (cached; pip requirements fetched
     here), so that no episode prepares or downloads anything; a step that fails makes the task
     not gradable. Otherwise the local sandbox prepares at a task's first episode, without downloads."""
+    download_cache: str | None = None
+    """A folder of things fetched ahead (as ``compactrl tasks prepare --download-cache``; default
+    ``$COMPACTRL_DOWNLOAD_CACHE``): its ``git/<host>/<owner>/<name>.git`` bare repositories stand for
+    ``git clone https://<host>/<owner>/<name>`` in a Dockerfile step or the script it runs, cloned
+    from there when preparing (a git ``insteadOf`` in that step's environment). None: no mirror."""
     local_cache: str | None = None
     """Where prepared states are kept (default ``$COMPACTRL_TB_LOCAL_CACHE`` or ``~/.cache/compactrl/tb-local``)."""
     file_size_bytes: int = 32 << 30
@@ -137,6 +142,8 @@ class TerminalBenchConfig:
             raise ValueError(f"TerminalBenchConfig.grading: expected one of {GRADINGS}, got {self.grading!r}")
         if self.backend not in (None, "sim", "local", "docker"):
             raise ValueError(f"TerminalBenchConfig.backend: expected None, 'local' or 'docker', got {self.backend!r}")
+        if self.download_cache is not None and not os.path.isdir(self.download_cache):
+            raise ValueError(f"TerminalBenchConfig.download_cache: {self.download_cache!r} is not a folder")
         for name in ("max_turns", "max_file_bytes", "file_size_bytes", "memory_bytes", "max_processes", "cpu_time_s",
                      "writable_bytes", "command_timeout_s"):
             if getattr(self, name) < 1:
@@ -202,9 +209,30 @@ _PROLOGUE = (
 _EPILOGUE = '__tbrc=$?; [ $__tbt = 1 ] && rm -rf /tests/* /tests/.[!.]* 2>/dev/null; exit $__tbrc'
 
 
+# Tests that move /tests itself (``mv /tests /tmp/x``; a mount point in the local sandbox, a plain
+# folder in the image) run from the plain folder in the work dir instead, their text's /tests pointed there.
+_PROLOGUE_IN_WORKDIR = _PROLOGUE.replace(" if { mkdir -p /tests", " if false && { mkdir -p /tests", 1)
+
+
+def _tests_in_workdir(spec: TaskSpec, hidden: dict[str, str], workdir: str, limit: int) -> None:
+    """For tests that move ``/tests``: every test file that names ``/tests`` or ``/logs/verifier`` also
+    gets a copy under ``.tbench_run/rw/`` with those paths pointed at the work dir's plain folders
+    (literally: ``/app/.tbench_tests``, so Python and shell alike), used by the in-work-dir prologue."""
+    for rel in spec.test_files:
+        text = hidden.get(f"{TESTS_DIR}/{rel}")
+        if text is None or rel.endswith(".sh"):  # shell scripts: already rewritten (${TBENCH_ROOT})
+            continue
+        new = _ABS_LOGS.sub(f"{workdir}/{LOGS_DIR}/verifier", text)
+        new = _ABS_TESTS.sub(f"{workdir}/{TESTS_DIR}", new)
+        if new != text:
+            hidden[f"{RUN_DIR}/rw/{rel}"] = new
+
+
 def _check(spec: TaskSpec, config: TerminalBenchConfig, hidden: dict[str, str], mode: str,
-           workdir: str | None = None) -> Check:
+           workdir: str | None = None, in_workdir: bool = False) -> Check:
     check = _check_in_cwd(spec, config, hidden, mode)
+    if in_workdir:
+        check = dataclasses.replace(check, command=check.command.replace(_PROLOGUE, _PROLOGUE_IN_WORKDIR, 1))
     if workdir:  # the harness runs the tests in a fresh shell in the image's work dir, wherever the agent cd'd
         check = dataclasses.replace(check, command=f"cd {shlex.quote(workdir)} && {{ {check.command}; }}")
     return check
@@ -295,8 +323,11 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     # running when the tests run
     meta["keep_background"] = True
     _local_build(spec, facts, files, config, meta)
+    if meta.get("tests_moved"):
+        _tests_in_workdir(spec, hidden, meta["workdir"], config.max_file_bytes)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
-                files=files, check=_check(spec, config, hidden, mode, meta.get("workdir")), max_turns=config.max_turns,
+                files=files, check=_check(spec, config, hidden, mode, meta.get("workdir"), bool(meta.get("tests_moved"))),
+                max_turns=config.max_turns,
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
                 source="terminal-bench", metadata=meta)
     if config.prepare and "build" in meta.get("local_build", {}):
@@ -304,9 +335,21 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     return task
 
 
+# Images with runtimes that reserve far more address space than they use (Node, Chromium): their tasks get
+# RESERVING_ADDRESS_SPACE as their address-space limit (the sandbox's memory_bytes is RLIMIT_AS).
+_RESERVING_RUNTIMES = re.compile(r"(?im)^FROM\s+(?:\S+/)?node:|\b(chromium|chromium-browser|google-chrome\S*|npm|"
+                                 r"nodejs|playwright)\b")
+RESERVING_ADDRESS_SPACE = 4 << 40
+
+
 def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
     """The local sandbox's limits for this task (``metadata["limits"]``; each hit is named in the verdict)."""
     memory = max(config.memory_bytes, (spec.memory_mb or 0) << 20)
+    dockerfile = (_text(spec.dockerfile) or "") if spec.dockerfile else ""
+    if _RESERVING_RUNTIMES.search(dockerfile):
+        # address space, not memory: Node's WebAssembly reserves ~10 GiB per instance and Chromium's V8
+        # sandbox 1 TiB up front; an image has no address-space limit at all
+        memory = max(memory, RESERVING_ADDRESS_SPACE)
     return {"file_size_bytes": config.file_size_bytes, "memory_bytes": memory, "max_processes": config.max_processes,
             "cpu_time_s": config.cpu_time_s, "writable_bytes": config.writable_bytes,
             "timeout_s": config.command_timeout_s}
@@ -322,7 +365,9 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
             _text(os.path.join(spec.folder, "tests", rel)) for rel in spec.test_files if rel.endswith(".sh"))]))
         wanted = solution_requirements(meta.get("solution_sh"))
         wanted += [r for r in solution_requirements(tests) if r not in wanted]
-        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted)
+        cache = config.download_cache or os.environ.get("COMPACTRL_DOWNLOAD_CACHE") or None
+        plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted,
+                               git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
@@ -330,6 +375,10 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
     moves = _tests_move_tests_dir(spec)
+    if moves and facts.workdir and config.use_dockerfile_workdir and config.backend != "docker":
+        # run from a plain folder in the work dir, which the tests can move (see _tests_in_workdir)
+        meta["tests_moved"] = moves
+        moves = None
     if moves and not why:
         plan, why = None, (f"needs its image: its tests move /tests away ({moves}), a mount point in the local "
                            "sandbox (a plain folder in the image)")
