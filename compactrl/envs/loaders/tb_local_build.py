@@ -444,6 +444,10 @@ class Plan:
     they run as root, as the engine runs them, and what they change under the system folders is kept
     as the task's root layer (:func:`needs_root`)."""
 
+    wheelhouse: list[str] = field(default_factory=list)
+    """What the reference solution installs: downloaded (wheels and their dependencies) into the state's
+    ``wheelhouse/`` at prepare time, offered offline to an episode's pip and uv (:func:`wheelhouse_env`),
+    never pre-installed: a policy that does not install them does not have them."""
     git: dict[str, dict] = field(default_factory=dict)
     """``git clone`` URLs the steps run -> ``{"mirror": bare repository, "head": its HEAD}`` (:func:`git_mirror_path`)."""
     git_mirror: str | None = None
@@ -456,6 +460,7 @@ class Plan:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
+                **({"wheelhouse": self.wheelhouse} if self.wheelhouse else {}),
                 **({"git": self.git, "git_mirror": self.git_mirror} if self.git else {})}
 
 
@@ -719,16 +724,21 @@ def host_go_version(candidate=None) -> tuple[int, int] | None:
 
 
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
-         digest: str, solution_pip: list[str] | tuple[str, ...] = (), git_mirror: str | None = None
-         ) -> tuple[Plan | None, str | None]:
+         digest: str, solution_pip: list[str] | tuple[str, ...] = (), git_mirror: str | None = None,
+         solution_wheels: list[str] | tuple[str, ...] = ()) -> tuple[Plan | None, str | None]:
     """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``."""
     env: dict[str, str] = {"PATH": BASE_PATH, "HOME": "/root"}
     out = Plan(key=digest)
     todo = [r for r in solution_pip if not _satisfied(r)]
     if todo:
         out.pip += todo
-        out.mapped.append(f"what the solution or the test script installs ({' '.join(todo)}): into the task's site "
-                          "folder at prepare time (the sandbox has no network)")
+        out.mapped.append(f"what the test script installs ({' '.join(todo)}): into the task's site folder at prepare "
+                          "time (the sandbox has no network)")
+    if solution_wheels:
+        out.wheelhouse = list(solution_wheels)
+        out.mapped.append(f"what the reference solution installs ({' '.join(solution_wheels)}): wheels downloaded at "
+                          "prepare time into the task's wheelhouse, which an episode's pip and uv read offline "
+                          "(installed only by a policy that installs them)")
     root = (workdir or "").rstrip("/") + "/"
     for step in steps:
         op = step["op"]
@@ -814,7 +824,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         out.git_mirror = git_mirror
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     out.roots = task_roots(steps, workdir)
-    needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or len(out.env) > 1
+    needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or out.wheelhouse or len(out.env) > 1
     return (out if needed else None), None
 
 
@@ -887,6 +897,9 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
     if build.get("tools") and not allow_download:
         raise PrepareError(f"needs preparing: {' '.join(build['tools'])} from PyPI (run the loader with prepare=True, "
                            "or `compactrl tasks validate`, before the episode)")
+    if build.get("wheelhouse") and not allow_download:
+        raise PrepareError(f"needs preparing: the wheelhouse of {' '.join(build['wheelhouse'])} (run the loader with "
+                           "prepare=True, or `compactrl tasks validate`, before the episode)")
     if build.get("pip") and not allow_download:
         raise PrepareError(f"needs preparing: pip install {' '.join(build['pip'])} (run the loader with "
                            "prepare=True, or `compactrl tasks validate`, before the episode)")
@@ -941,6 +954,12 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         failed = _pip_wheels_into(site, build["pip"], timeout_s, tail_lines=3)
         if failed:
             return (f"needs its image: pip install {' '.join(build['pip'])} ({failed})"
+                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
+    if build.get("wheelhouse"):
+        os.makedirs(site, exist_ok=True)  # the episode names the wheelhouse as site/../wheelhouse
+        failed = _pip_download(os.path.join(out, "wheelhouse"), build["wheelhouse"], timeout_s)
+        if failed:
+            return (f"needs its image: the reference solution's pip install {' '.join(build['wheelhouse'])} ({failed})"
                     + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
     for req in build.get("tools") or ():
         target = os.path.join(out, "tools", req.replace("==", "-"))
@@ -999,7 +1018,9 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
                 env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
-            path = env.get("PATH", BASE_PATH)
+            # the host's toolchains outside the system folders (a Go in /usr/lib/go-1.NN, rustup's cargo) stand
+            # for the image's own (golang:1.22 has Go on its PATH): after the image's PATH, as in an episode
+            path = ":".join([env.get("PATH", BASE_PATH), *_host_tool_path()])
             command = (f"{exports}{npm_prefix}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
                        f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
                        f"/bin/sh -c {shlex.quote(step['command'].replace(TOOLS_MARK, os.path.join(out, 'tools')))}")
@@ -1022,6 +1043,12 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         if root:
             _finish_layer(layer, sandbox.config.sandbox_uid)
     return None
+
+
+def _host_tool_path() -> list[str]:
+    from compactrl.envs.sandbox.local import host_toolchains
+
+    return host_toolchains()[1]
 
 
 def _finish_layer(layer: str, owner: int = 65534) -> None:
@@ -1152,6 +1179,40 @@ def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines:
         tail = (res.stdout + res.stderr).strip().splitlines()[-tail_lines:]
         return f"pip failed here: {' | '.join(tail)[-300:]}"
     return None
+
+
+def _pip_download(dest: str, reqs: list[str], timeout_s: float) -> str | None:
+    """``pip download`` wheels only of ``reqs`` and their dependencies for the sandbox's interpreter into
+    ``dest`` (made readable by the sandbox's user); None, or why not (as :func:`_pip_wheels_into`)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-input", "--disable-pip-version-check", "--quiet",
+           "--only-binary=:all:", "-d", dest, *reqs]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s:g}s"
+    if res.returncode != 0:
+        return f"pip failed here: {' | '.join((res.stdout + res.stderr).strip().splitlines()[-3:])[-300:]}"
+    os.chmod(dest, 0o755)
+    for name in os.listdir(dest):
+        os.chmod(os.path.join(dest, name), 0o644)
+    return None
+
+
+# Where an episode's `pip install` puts what it installs from the wheelhouse (the sandbox's interpreter is
+# read-only; the image's root installs into its site-packages): a private writable folder on PYTHONPATH.
+PIP_TARGET = "/opt/.pip-target"
+
+
+def wheelhouse_env(env: dict[str, str]) -> dict[str, str]:
+    """An episode's variables for a task with a wheelhouse (``<state>/wheelhouse``, written ``__SITE__/../
+    wheelhouse`` as the site folder's sibling): pip and uv read it and no index (``PIP_FIND_LINKS`` +
+    ``PIP_NO_INDEX``, ``UV_FIND_LINKS`` + ``UV_NO_INDEX`` + ``UV_OFFLINE``); pip installs into
+    :data:`PIP_TARGET`, which is on ``PYTHONPATH`` and whose ``bin`` is on ``PATH``."""
+    house = "__SITE__/../wheelhouse"
+    return {"PIP_FIND_LINKS": house, "PIP_NO_INDEX": "1", "PIP_TARGET": PIP_TARGET,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_FIND_LINKS": house, "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
+            "PYTHONPATH": ":".join(filter(None, [PIP_TARGET, env.get("PYTHONPATH", "")])),
+            "PATH": f"{PIP_TARGET}/bin:" + env.get("PATH", BASE_PATH)}
 
 
 def _python_mismatch(task) -> str:

@@ -54,6 +54,7 @@ from compactrl.envs.loaders.tb_local_build import (
     solution_network,
     solution_requirements,
     solution_system_writes,
+    wheelhouse_env,
 )
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
 from compactrl.envs.loaders.tb_local_build import prepare as prepare_state
@@ -363,11 +364,13 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
         tests = "\n".join(filter(None, [spec.run_tests, spec.test_sh, *(
             _text(os.path.join(spec.folder, "tests", rel)) for rel in spec.test_files if rel.endswith(".sh"))]))
-        wanted = solution_requirements(meta.get("solution_sh"))
-        wanted += [r for r in solution_requirements(tests) if r not in wanted]
+        # what the test scripts install at test time is installed at prepare (a noop's tests have it too);
+        # what only the reference solution installs goes to a wheelhouse its `pip install` reads offline
+        wanted = solution_requirements(tests)
+        wheels = [r for r in solution_requirements(meta.get("solution_sh")) if r not in wanted]
         cache = config.download_cache or os.environ.get("COMPACTRL_DOWNLOAD_CACHE") or None
         plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted,
-                               git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
+                               solution_wheels=wheels, git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
@@ -406,6 +409,8 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         meta["env"] = dict(plan.env)
         if plan.pip:  # the commands the prepared packages install (`jupyter`, `flask`) are on PATH, as pip puts them
             meta["env"]["PATH"] = "__SITE__/bin:" + plan.env.get("PATH", BASE_PATH)
+        if plan.wheelhouse:
+            meta["env"].update(wheelhouse_env(meta["env"]))
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
