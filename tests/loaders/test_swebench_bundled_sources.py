@@ -225,3 +225,33 @@ def test_the_system_packages_a_spec_installs_are_listed() -> None:
             "install": "python -m pip install -e ."}
     other = {"pre_install": ["apt-get install -y --no-install-recommends ffmpeg ghostscript"]}
     assert sp.system_packages_wanted([spec, other, {}]) == ["imagemagick", "ffmpeg", "dvipng", "ghostscript"]
+
+
+def test_an_environment_stamped_under_another_date_bound_is_built_again(tmp_path) -> None:
+    """uv environments record the date bound they were installed under: one asked under another bound
+    is built again; one whose stamp predates the record is reused and marked 'not recorded'."""
+    repo = str(tmp_path / "repos" / "demo__plotlib")
+    os.makedirs(repo)
+    row = {"instance_id": "demo__plotlib-1", "repo": "demo/plotlib", "base_commit": "0" * 40, "version": "1.0"}
+    spec = {"python": VERSION, "test_cmd": "pytest -rA"}  # no packages: the venv alone, offline
+    config = sp.PrepareConfig(repos_root=str(tmp_path / "repos"), envs_root=str(tmp_path / "p"),
+                              exclude_newer="2024-08-13")
+    env_dir = os.path.join(str(tmp_path / "p"), "envs", "demo__plotlib@1.0")
+
+    def stamp(**fields) -> None:
+        os.makedirs(env_dir, exist_ok=True)
+        record = {"python": sys.executable, "python_version": VERSION, "build_tool_caps": [], "installer": "uv",
+                  "env_dir": env_dir, "commands": [], **fields}
+        with open(os.path.join(env_dir, sp.STAMP), "w") as fh:
+            json.dump(record, fh)
+
+    harness = {"specs": {}, "reqs_paths": {}}
+    stamp(exclude_newer="2024-08-13")
+    assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is True
+    stamp()  # stamped before prepare recorded its bound
+    legacy = sp.build_env(row, spec, harness, repo, config, "w")
+    assert legacy["reused"] is True and legacy["exclude_newer"] == "not recorded"
+    stamp(exclude_newer="2021-01-01")
+    assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is False
+    stamp(exclude_newer="2021-01-01", installer="pip")  # pip applies no bound: nothing to compare
+    assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is True

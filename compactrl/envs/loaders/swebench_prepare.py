@@ -436,8 +436,11 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     env_dir = os.path.join(os.path.abspath(config.envs_root), "envs", key)
     stamp = _read_stamp(env_dir)
     if (stamp is not None and os.path.exists(stamp.get("python", ""))
-            and stamp.get("build_tool_caps", []) == list(build_tool_caps(stamp.get("python_version", "")))):
-        return {**stamp, "reused": True}  # (one built before its caps were known is built again)
+            and stamp.get("build_tool_caps", []) == list(build_tool_caps(stamp.get("python_version", "")))
+            and _same_bound(stamp, config.exclude_newer)):
+        # (one built before its caps were known, or under another date bound, is built again; one whose
+        # prepare did not record its bound yet is reused, its bound "not recorded" in the manifest)
+        return {"exclude_newer": "not recorded" if stamp.get("installer") == "uv" else None, **stamp, "reused": True}
     if os.path.exists(env_dir):  # an interrupted build: start again
         shutil.rmtree(env_dir)
     log_path = os.path.join(os.path.abspath(config.envs_root), "logs", f"{key}.log")
@@ -477,6 +480,12 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     if progress:
         progress(f"{where}: environment {key} built in {record['build_s']:.0f} s")
     return {**record, "reused": False}
+
+
+def _same_bound(stamp: Mapping[str, Any], exclude_newer: str | None) -> bool:
+    """Whether a stamped environment was installed under the date bound asked now (uv environments
+    only: pip applies none); a stamp that does not record one counts as the same."""
+    return stamp.get("installer") != "uv" or "exclude_newer" not in stamp or stamp["exclude_newer"] == exclude_newer
 
 
 def _install_best_effort(packages: Sequence[str], installer: list[str], extra: list[str], env_dir: str,
@@ -1190,7 +1199,7 @@ def not_gradable(row: Mapping[str, Any], spec: Mapping[str, Any], skipped: Seque
         missing = [p for p in _apt_packages(command) if not _dpkg_installed(p)]
         if missing:
             return (f"needs its image: {command.strip()[:160]} (not installed here: {' '.join(missing)}; "
-                    "apt-get install them on this machine, then prepare again)")
+                    "apt-get install them on this machine, or prepare again with --install-system-packages)")
     built = _git(tree, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--", "*.so").strip(b"\0")
     touched = [p for p in re.findall(r"^diff --git a/.* b/(.*)$", row.get("patch", ""), flags=re.MULTILINE)
                if p.endswith(COMPILED_SOURCES)]
@@ -1340,7 +1349,7 @@ def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
             "python_version": env["python_version"], "python_fallback": env["python_requested"] != env["python_version"],
             "test_command": test_command(spec.get("test_cmd")), "pre_test": kept, "pre_test_notes": notes,
             "env_commands": env["commands"], "env_skipped_packages": env.get("skipped_packages", []),
-            "env_build_tool_caps": env.get("build_tool_caps", []),
+            "env_build_tool_caps": env.get("build_tool_caps", []), "env_exclude_newer": env.get("exclude_newer"),
             "env_log": env.get("log"), "env_build_s": env.get("build_s"), "env_reused": env["reused"],
             "not_gradable": not_gradable(row, spec, inst["skipped"], inst["checkout"]),
             **{k: inst[k] for k in ("checkout", "commands", "skipped", "relocated", "generated_files", "install_s",
