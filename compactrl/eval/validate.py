@@ -143,6 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
     p.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
     p.add_argument("--json-out", default=None, metavar="FILE", help="write the JSON report (every task's record) to FILE")
+    p.add_argument("--download-cache", default=None, metavar="DIR",
+                   help="Terminal-Bench (local): things fetched ahead for prepare: DIR/git/<host>/<owner>/<name>.git "
+                        "bare mirrors of the repositories Dockerfile steps `git clone` (sets COMPACTRL_DOWNLOAD_CACHE)")
     p.add_argument("--install-system-packages", action="store_true",
                    help="Terminal-Bench: first apt-get install the packages the tasks' Dockerfiles (or reference "
                         "solutions) install and this machine lacks (needs root; each command printed and recorded in "
@@ -153,6 +156,10 @@ def run(args: argparse.Namespace) -> int:
     from compactrl.eval.cli import _json_object, _load_tasks
 
     sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
+    if getattr(args, "download_cache", None):  # read by TerminalBenchConfig when the tasks load
+        if not os.path.isdir(args.download_cache):
+            raise ValueError(f"--download-cache: {args.download_cache!r} is not a folder")
+        os.environ["COMPACTRL_DOWNLOAD_CACHE"] = os.path.abspath(args.download_cache)
     args.tasks = args.source
     tasks = _load_tasks(args)
     if getattr(args, "install_system_packages", False):

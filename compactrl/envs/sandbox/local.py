@@ -408,8 +408,9 @@ class LocalSandbox:
             # a replayed work dir is the task's files after its steps (`mv tool.py /usr/local/bin/` took one away)
             for path, content in ({} if replayed else task.files).items():
                 self._files().write_bytes(work_rel(path), file_bytes(content))
-            if replayed:  # a Dockerfile's replayed steps
-                copy_tree(os.path.join(state, "work"), os.path.join(self.session_dir, "work"), self._files().owner)
+            if replayed:  # a Dockerfile's replayed steps (a repository they made or cloned, .git and all)
+                copy_tree(os.path.join(state, "work"), os.path.join(self.session_dir, "work"), self._files().owner,
+                          skip=())
             self._launch()
             if state and os.path.isfile(os.path.join(state, "roots.tar")):  # ... and what they wrote outside
                 res = self.exec(f"tar -C / --no-overwrite-dir -xf {shlex.quote(os.path.join(state, 'roots.tar'))} 2>&1",
