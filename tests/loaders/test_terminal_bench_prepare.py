@@ -143,7 +143,10 @@ def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
     (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
     (folder / "tests" / "test_outputs.py").write_text(
         "import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
+    # with the image's work dir known they run from a plain folder there (test_tb_prepare_sources.py runs one)
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["tests_moved"] == "tests/test_outputs.py" and "not_gradable" not in task.metadata
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local", use_dockerfile_workdir=False))
     assert task.metadata["not_gradable"] == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
                                              "mount point in the local sandbox (a plain folder in the image)")
     (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert open('/tests/data.txt')\n")

@@ -130,10 +130,12 @@ class TerminalBenchConfig:
     cpu_time_s: int = 3600
     """Task-level CPU-seconds limit per process on the local backend."""
     writable_bytes: int = 2 << 30
-    command_timeout_s: int = 180
-    """Task-level wall-clock limit of one shell command on the local backend (the sandbox's default is
-    30 s; the harness waits up to 180 s per command, and a reference solution compiling Rust or Go
-    runs longer than 30 s)."""
+    command_timeout_s: int | None = None
+    """Task-level wall-clock limit of one shell command on the local backend. None (default): the
+    task's agent timeout, at least 180 s. The harness never kills a command before the agent's time is
+    up (its agent waits up to 180 s for a command's output and the command runs on; its oracle runs
+    the whole reference solution as one command within the agent timeout): git-bisect-flaky-test's
+    solution runs `go test` 390 times, 155-190 s on 2 loaded cores."""
     """Size of each private writable folder (``/root``, ``/opt``, ``/logs``...) on the local backend."""
 
     def __post_init__(self) -> None:
@@ -147,6 +149,8 @@ class TerminalBenchConfig:
             raise ValueError(f"TerminalBenchConfig.download_cache: {self.download_cache!r} is not a folder")
         for name in ("max_turns", "max_file_bytes", "file_size_bytes", "memory_bytes", "max_processes", "cpu_time_s",
                      "writable_bytes", "command_timeout_s"):
+            if getattr(self, name) is None and name == "command_timeout_s":
+                continue
             if getattr(self, name) < 1:
                 raise ValueError(f"TerminalBenchConfig.{name}: expected >= 1, got {getattr(self, name)!r}")
 
@@ -353,7 +357,7 @@ def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
         memory = max(memory, RESERVING_ADDRESS_SPACE)
     return {"file_size_bytes": config.file_size_bytes, "memory_bytes": memory, "max_processes": config.max_processes,
             "cpu_time_s": config.cpu_time_s, "writable_bytes": config.writable_bytes,
-            "timeout_s": config.command_timeout_s}
+            "timeout_s": config.command_timeout_s or max(180, int(spec.agent_timeout_s or 0))}
 
 
 def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
