@@ -108,6 +108,16 @@ def test_a_clone_without_a_mirror_names_the_option(tmp_path, monkeypatch) -> Non
         TerminalBenchConfig(download_cache=str(tmp_path / "absent"))
 
 
+def test_validate_takes_the_download_cache(tmp_path, capsys, monkeypatch) -> None:
+    from compactrl.cli import main
+
+    monkeypatch.delenv("COMPACTRL_DOWNLOAD_CACHE", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["tasks", "validate", _clone_task(tmp_path), "--download-cache", str(tmp_path / "absent")])
+    assert exc.value.code == 2
+    assert f"--download-cache: '{tmp_path / 'absent'}' is not a folder" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(300)
 @needs_local
 def test_a_setup_script_clones_from_the_mirror(tmp_path, cache) -> None:
