@@ -460,7 +460,8 @@ class Plan:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
-                **({"wheelhouse": self.wheelhouse} if self.wheelhouse else {}),
+                **({"wheelhouse": self.wheelhouse, "pip_command": "python3 -m pip"}
+                   if self.wheelhouse else {}),
                 **({"git": self.git, "git_mirror": self.git_mirror} if self.git else {})}
 
 
@@ -957,6 +958,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                     + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
     if build.get("wheelhouse"):
         os.makedirs(site, exist_ok=True)  # the episode names the wheelhouse as site/../wheelhouse
+        _pip_commands(os.path.join(out, "pybin"))
         failed = _pip_download(os.path.join(out, "wheelhouse"), build["wheelhouse"], timeout_s)
         if failed:
             return (f"needs its image: the reference solution's pip install {' '.join(build['wheelhouse'])} ({failed})"
@@ -1198,6 +1200,19 @@ def _pip_download(dest: str, reqs: list[str], timeout_s: float) -> str | None:
     return None
 
 
+def _pip_commands(folder: str) -> None:
+    """``pip``, ``pip3`` and ``pip3.X`` that run the sandbox's own interpreter's pip (``python3 -m pip``),
+    as an image's ``pip`` is its Python's; the host's ``/usr/bin/pip`` belongs to another interpreter
+    (Debian's 3.11.2, for which the wheelhouse's resolution differs: soupsieve needs >= 3.11.5)."""
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o755)
+    for name in ("pip", "pip3", f"pip{sys.version_info[0]}.{sys.version_info[1]}"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as fh:
+            fh.write('#!/bin/sh\nexec python3 -m pip "$@"\n')
+        os.chmod(path, 0o755)
+
+
 # Where an episode's `pip install` puts what it installs from the wheelhouse (the sandbox's interpreter is
 # read-only; the image's root installs into its site-packages): a private writable folder on PYTHONPATH.
 PIP_TARGET = "/opt/.pip-target"
@@ -1212,7 +1227,7 @@ def wheelhouse_env(env: dict[str, str]) -> dict[str, str]:
     return {"PIP_FIND_LINKS": house, "PIP_NO_INDEX": "1", "PIP_TARGET": PIP_TARGET,
             "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_FIND_LINKS": house, "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
             "PYTHONPATH": ":".join(filter(None, [PIP_TARGET, env.get("PYTHONPATH", "")])),
-            "PATH": f"{PIP_TARGET}/bin:" + env.get("PATH", BASE_PATH)}
+            "PATH": f"__SITE__/../pybin:{PIP_TARGET}/bin:" + env.get("PATH", BASE_PATH)}
 
 
 def _python_mismatch(task) -> str:

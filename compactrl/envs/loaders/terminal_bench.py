@@ -415,6 +415,9 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
             meta["env"]["PATH"] = "__SITE__/bin:" + plan.env.get("PATH", BASE_PATH)
         if plan.wheelhouse:
             meta["env"].update(wheelhouse_env(meta["env"]))
+            # pip builds in /tmp before moving into its target (jupyter and its dependencies: ~400 MiB); an
+            # image's /tmp is on its disk
+            meta["limits"]["tmpfs_bytes"] = max(meta["limits"].get("tmpfs_bytes", 0), config.writable_bytes)
         meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
