@@ -29,7 +29,35 @@ _LONGEST_FIRST = ("tests/trainer/test_trainer.py", "tests/vllm/test_engine.py", 
                   "tests/trainer/test_ablation.py", "tests/policies/test_transformers_policy.py")
 
 
+# Every test's timeout (pytest-timeout: the ini's 300 s, or the test's own `timeout` mark) is a hang
+# guard, not a speed target: it is multiplied by COMPACTRL_TEST_TIMEOUT_SCALE (default 3), so a CPU-bound
+# test on a 2-core machine that other jobs load to 5-10 runnable processes per core still finishes,
+# and a hang still ends. 1 gives the timeouts as written.
+def _timeout_scale() -> float:
+    raw = os.environ.get("COMPACTRL_TEST_TIMEOUT_SCALE", "3")
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"COMPACTRL_TEST_TIMEOUT_SCALE must be a number, got {raw!r}") from None
+    if not scale > 0:
+        raise pytest.UsageError(f"COMPACTRL_TEST_TIMEOUT_SCALE must be > 0, got {raw!r}")
+    return scale
+
+
+def _scale_timeouts(config, items) -> None:
+    scale = _timeout_scale()
+    default = getattr(config, "_env_timeout", None)  # pytest-timeout's ini/command-line value
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        timeout = marker.args[0] if marker is not None and marker.args else (
+            marker.kwargs.get("timeout") if marker is not None else default)
+        if timeout:  # None or 0: no timeout, left as it is
+            rest = {k: v for k, v in (marker.kwargs.items() if marker is not None else ()) if k != "timeout"}
+            item.add_marker(pytest.mark.timeout(float(timeout) * scale, **rest), append=False)
+
+
 def pytest_collection_modifyitems(config, items):
+    _scale_timeouts(config, items)
     if not hasattr(config, "workerinput"):  # not an xdist worker: one process, tests in file order
         return
     root = str(config.rootpath).replace("\\", "/").rstrip("/") + "/"
