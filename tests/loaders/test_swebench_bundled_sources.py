@@ -255,3 +255,22 @@ def test_an_environment_stamped_under_another_date_bound_is_built_again(tmp_path
     assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is False
     stamp(exclude_newer="2021-01-01", installer="pip")  # pip applies no bound: nothing to compare
     assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is True
+
+
+def test_install_system_packages_asks_apt_for_what_is_missing_and_records_it(tmp_path, monkeypatch) -> None:
+    """The wiring of ``--install-system-packages`` (apt itself replaced: it needs root and changes the
+    machine): only the packages the specs name, this machine lacks and apt has are installed, and the
+    manifest records what was wanted, installed and unavailable."""
+    from compactrl.envs.loaders import tb_local_build
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(sp, "_dpkg_installed", lambda p: p == "dvipng")
+    monkeypatch.setattr(tb_local_build, "apt_candidate", lambda p: None if p == "nosuchpkg" else "1.0")
+    monkeypatch.setattr(tb_local_build, "_host_has_package", lambda p: p == "dvipng")
+    monkeypatch.setattr(tb_local_build, "install_system_packages",
+                        lambda packages, record=None, echo=print: asked.append(list(packages)) or list(packages))
+    specs = [{"pre_install": ["apt-get update && apt-get install -y ghostscript dvipng nosuchpkg"]}]
+    got = sp.install_system_packages_for(specs)
+    assert asked == [["ghostscript"]]
+    assert got["wanted"] == ["ghostscript", "dvipng", "nosuchpkg"] and got["installed"] == ["ghostscript"]
+    assert got["unavailable"] == ["nosuchpkg"]
