@@ -44,6 +44,10 @@ def _timeout_scale() -> float:
     return scale
 
 
+def pytest_configure(config):
+    _timeout_scale()  # a bad value stops the run before any worker starts
+
+
 def _scale_timeouts(config, items) -> None:
     scale = _timeout_scale()
     default = getattr(config, "_env_timeout", None)  # pytest-timeout's ini/command-line value
