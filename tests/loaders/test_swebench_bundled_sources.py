@@ -241,7 +241,7 @@ def test_an_environment_stamped_under_another_date_bound_is_built_again(tmp_path
     def stamp(**fields) -> None:
         os.makedirs(env_dir, exist_ok=True)
         record = {"python": sys.executable, "python_version": VERSION, "build_tool_caps": [], "installer": "uv",
-                  "env_dir": env_dir, "commands": [], **fields}
+                  "env_dir": env_dir, "commands": [], "bytecode": True, **fields}
         with open(os.path.join(env_dir, sp.STAMP), "w") as fh:
             json.dump(record, fh)
 
@@ -255,6 +255,23 @@ def test_an_environment_stamped_under_another_date_bound_is_built_again(tmp_path
     assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is False
     stamp(exclude_newer="2021-01-01", installer="pip")  # pip applies no bound: nothing to compare
     assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is True
+    # uv compiles no bytecode unless told (pip does): a uv environment stamped without it is built again,
+    # and the new one records it
+    stamp(exclude_newer="2024-08-13", bytecode=False)
+    rebuilt = sp.build_env(row, spec, harness, repo, config, "w")
+    assert rebuilt["reused"] is False and rebuilt["bytecode"] is True
+    stamp(exclude_newer="2024-08-13", bytecode=False, installer="pip")
+    assert sp.build_env(row, spec, harness, repo, config, "w")["reused"] is True
+
+
+def test_every_prepare_step_runs_with_uv_compiling_bytecode(tmp_path) -> None:
+    """The harness's pip writes each module's bytecode at install; the sandbox's venv is read-only, so a
+    module without it compiles at import, where ``filterwarnings = error`` turns a compile warning into
+    a failed collection (flask 2.2's blinker 1.4). uv is told to compile, in every step."""
+    out = tmp_path / "env.txt"
+    sp._run(["sh", "-c", f"echo $UV_COMPILE_BYTECODE > {out}"], str(tmp_path), str(tmp_path), 60.0, "probe",
+            str(tmp_path / "log.txt"), None)
+    assert out.read_text().strip() == "1"
 
 
 def test_install_system_packages_asks_apt_for_what_is_missing_and_records_it(tmp_path, monkeypatch) -> None:

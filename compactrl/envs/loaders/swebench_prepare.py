@@ -281,6 +281,9 @@ def _run(command: str | list[str], cwd: str, env_dir: str, timeout_s: float, wha
     # ``filterwarnings = error`` (as the harness's env, which has the bytecode, never does)
     for name in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
+    # uv does not compile by default (pip does): without this, flask 2.2's blinker 1.4 fails to import
+    # under flask's ``filterwarnings = error`` (an invalid escape in a docstring, warned at compile)
+    env["UV_COMPILE_BYTECODE"] = "1"
     shown = command if isinstance(command, str) else shlex.join(command)
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="compactrl-prepare-", suffix=".log")
@@ -437,9 +440,9 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
     stamp = _read_stamp(env_dir)
     if (stamp is not None and os.path.exists(stamp.get("python", ""))
             and stamp.get("build_tool_caps", []) == list(build_tool_caps(stamp.get("python_version", "")))
-            and _same_bound(stamp, config.exclude_newer)):
-        # (one built before its caps were known, or under another date bound, is built again; one whose
-        # prepare did not record its bound yet is reused, its bound "not recorded" in the manifest)
+            and _same_bound(stamp, config.exclude_newer) and (stamp.get("installer") != "uv" or stamp.get("bytecode"))):
+        # (one built before its caps were known, under another date bound, or by uv without bytecode, is
+        # built again; one whose prepare did not record its bound yet is reused, its bound "not recorded")
         return {"exclude_newer": "not recorded" if stamp.get("installer") == "uv" else None, **stamp, "reused": True}
     if os.path.exists(env_dir):  # an interrupted build: start again
         shutil.rmtree(env_dir)
@@ -474,6 +477,7 @@ def build_env(row: Mapping[str, Any], spec: Mapping[str, Any], harness: Mapping[
                  f"{where}: install {' '.join(args)[:80]}", log_path, progress)
             record["commands"].append(shlex.join([record["installer"], "install", *args]))
         _install_best_effort(optional, installer, extra, env_dir, config, where, log_path, progress, record)
+    record["bytecode"] = True  # pip compiles by default, uv under UV_COMPILE_BYTECODE (see _run)
     record["build_s"] = round(time.monotonic() - start, 1)
     record["built_at"] = time.time()  # which build a row's venv was copied from
     _write_stamp(env_dir, record)
