@@ -1168,11 +1168,11 @@ def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
     return {k: v.replace("__SITE__", site) for k, v in env.items()}
 
 
-def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
-    """``pip install`` wheels only (``--only-binary=:all:``) into ``target``; ``None`` when it worked,
-    else why not: ``"timed out after Ns"`` or ``"pip failed here: <last lines>"``."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--quiet",
-           "--only-binary=:all:", "--target", target, *args]
+def _pip_wheels(verb: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
+    """``pip <verb>`` of wheels only (``--only-binary=:all:``); ``None`` when it worked, else why not:
+    ``"timed out after Ns"`` or ``"pip failed here: <last lines>"``."""
+    cmd = [sys.executable, "-m", "pip", verb, "--no-input", "--disable-pip-version-check", "--quiet",
+           "--only-binary=:all:", *args]
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -1183,17 +1183,17 @@ def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines:
     return None
 
 
+def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
+    """``pip install`` wheels only into ``target``; None, or why not (as :func:`_pip_wheels`)."""
+    return _pip_wheels("install", ["--target", target, *args], timeout_s, tail_lines)
+
+
 def _pip_download(dest: str, reqs: list[str], timeout_s: float) -> str | None:
     """``pip download`` wheels only of ``reqs`` and their dependencies for the sandbox's interpreter into
-    ``dest`` (made readable by the sandbox's user); None, or why not (as :func:`_pip_wheels_into`)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-input", "--disable-pip-version-check", "--quiet",
-           "--only-binary=:all:", "-d", dest, *reqs]
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout_s:g}s"
-    if res.returncode != 0:
-        return f"pip failed here: {' | '.join((res.stdout + res.stderr).strip().splitlines()[-3:])[-300:]}"
+    ``dest`` (made readable by the sandbox's user); None, or why not (as :func:`_pip_wheels`)."""
+    why = _pip_wheels("download", ["-d", dest, *reqs], timeout_s, 3)
+    if why is not None:
+        return why
     os.chmod(dest, 0o755)
     for name in os.listdir(dest):
         os.chmod(os.path.join(dest, name), 0o644)
