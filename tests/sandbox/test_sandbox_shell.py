@@ -173,3 +173,23 @@ def test_run_tests_reports_per_test_verdicts_and_hides_hidden_files(backend):
         assert not report.success and "could not install the test files" in report.output
     finally:
         sb.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", REAL_BACKENDS)
+def test_a_tasks_own_command_time_limit_is_the_default_for_exec(name):
+    """``metadata["limits"]["timeout_s"]`` (a Terminal-Bench task's per-command wait) replaces the
+    backend's configured default on both real backends; an explicit ``timeout_s`` still wins."""
+    import dataclasses
+
+    sb = make_backend(name)
+    task = small_task()
+    sb.start(dataclasses.replace(task, metadata={**task.metadata, "limits": {"timeout_s": 2}}))
+    try:
+        started = time.monotonic()
+        res = sb.exec("sleep 20; echo never")
+        assert res.timed_out and "never" not in res.output
+        assert time.monotonic() - started < 15
+        assert sb.exec("sleep 3; echo done", timeout_s=30).output == "done\n"
+    finally:
+        sb.close()

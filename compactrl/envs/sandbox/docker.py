@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from compactrl.envs.sandbox import _shell, base_images
 from compactrl.envs.sandbox._common import (
+    command_timeout,
     file_bytes,
     hidden_files_blocked,
     hidden_restore_plan,
@@ -673,7 +674,8 @@ class DockerSandbox:
 
     # --------------------------------------------------------------------------------- shell
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
-        return self._run(command, timeout_s or self.config.timeout_s, self.config.output_limit_bytes)
+        return self._run(command, timeout_s or command_timeout(self.task, self.config.timeout_s),
+                         self.config.output_limit_bytes)
 
     def _run(self, command: str, timeout_s: float, limit: int) -> ExecResult:
         self._cache.clear()  # the command may change any file

@@ -38,6 +38,7 @@ from typing import Literal
 
 from compactrl.envs.sandbox import _shell
 from compactrl.envs.sandbox._common import (
+    command_timeout,
     file_bytes,
     hidden_files_blocked,
     hidden_restore_plan,
@@ -793,14 +794,8 @@ class LocalSandbox:
             raise SandboxError(f"the sandbox shell died (status {code}); the episode cannot continue")
 
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
-        return self._run(command, timeout_s or self._command_timeout(), self.config.output_limit_bytes)
-
-    def _command_timeout(self) -> float:
-        """A command's default wall-clock limit: the task's own (``metadata["limits"]["timeout_s"]``:
-        a Terminal-Bench solution that compiles for a minute) or the configured one."""
-        own = (self.task.metadata.get("limits") or {}).get("timeout_s") if self.task else None
-        return float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 \
-            else self.config.timeout_s
+        return self._run(command, timeout_s or command_timeout(self.task, self.config.timeout_s),
+                         self.config.output_limit_bytes)
 
     def _run(self, command: str, timeout_s: float, limit: int) -> ExecResult:
         self._alive()
