@@ -461,8 +461,9 @@ def run_sim(case: Case, root: str) -> Outcome:
 
 
 def compare(real: Outcome, sim: Outcome, has_pipe: bool) -> list[str]:
-    """The aspects that differ (empty when they agree). Pipelines compare stderr as a multiset of
-    characters, since concurrent stages in real bash interleave their error messages freely."""
+    """The aspects that differ (empty when they agree). Commands with concurrent parts (pipelines,
+    process substitutions: ``has_pipe``) compare stderr as a multiset of characters, since those
+    parts in real bash interleave their error messages freely."""
     diffs = []
     if real.stdout != sim.stdout:
         diffs.append("stdout")
@@ -484,7 +485,13 @@ def check_case(case: Case) -> tuple[list[str], Outcome, Outcome]:
     """Run one case on both sides; returns (differing aspects, real outcome, sim outcome)."""
     real, root = run_real(case)
     sim = run_sim(case, root)
-    return compare(real, sim, "|" in case.command), real, sim
+    return compare(real, sim, runs_concurrently(case.command)), real, sim
+
+
+def runs_concurrently(command: str) -> bool:
+    """Whether bash runs parts of ``command`` at the same time: a pipeline, or a process substitution
+    (``comm <(sort a) <(sort b)``: both sorts write their errors in either order)."""
+    return "|" in command or "<(" in command or ">(" in command
 
 
 # ===================================================================== the trajectory corpus

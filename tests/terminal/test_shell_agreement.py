@@ -13,7 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compactrl.testing.shell_agreement import Case, check_case, corpus_case, load_corpus, random_case
+from compactrl.testing.shell_agreement import (
+    Case,
+    Outcome,
+    check_case,
+    compare,
+    corpus_case,
+    load_corpus,
+    random_case,
+    runs_concurrently,
+)
 
 AGREEMENT_THRESHOLD = 1.0
 """Fraction of random cases that must agree (docs/terminal.md: the documented subset's target)."""
@@ -72,6 +81,18 @@ def test_sim_agrees_with_bash_on_examples(command: str) -> None:
     files = {"data.csv": "a,x,3\nb,y,10\nc,x,7\n", "logs/app.log": "INFO a\nERROR b\nERROR c\n"}
     diffs, real, sim = check_case(Case(files, [], command))
     assert not diffs, _explain(Case(files, [], command), diffs, real, sim)
+
+
+def test_concurrent_parts_compare_stderr_in_any_order() -> None:
+    """bash runs pipeline stages and process substitutions at the same time, so their error messages
+    come in either order (seen: ``comm -3 <(sort a) <(sort b)`` with both files missing); sequential
+    commands keep theirs in order."""
+    a, b = "sort: cannot read: a: No such file\n", "sort: cannot read: b: No such file\n"
+    real, sim = Outcome("", a + b, 1, {}, set()), Outcome("", b + a, 1, {}, set())
+    for command in ("comm -3 <(sort a) <(sort b)", "sort a | sort b", "tee >(sort a) < b"):
+        assert runs_concurrently(command) and compare(real, sim, runs_concurrently(command)) == []
+    assert not runs_concurrently("sort a; sort b")
+    assert compare(real, sim, runs_concurrently("sort a; sort b")) == ["stderr"]
 
 
 # ===================================================================== the trajectory corpus
