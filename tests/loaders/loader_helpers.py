@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 SWEBENCH_ROWS = os.path.join(FIXTURES, "swebench", "instances.jsonl")
@@ -54,3 +55,17 @@ def _probe_docker() -> str | None:
         return (f"no Docker-compatible engine with {DEFAULT_IMAGE} at {os.environ.get('DOCKER_HOST', 'the default socket')}"
                 f" ({type(e).__name__}); run `bash scripts/ci_docker.sh`")
     return None
+
+
+def write_tb_task(folder: Path, *, instruction: str, dockerfile: str, solution: str, tests: str,
+                  **files: str) -> str:
+    """``folder`` with ``task.yaml`` (the pytest parser), ``Dockerfile``, ``solution.sh``,
+    ``tests/test_outputs.py`` and any other ``files`` (name -> text); its path."""
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.yaml").write_text(f"instruction: {instruction}\nparser_name: pytest\n")
+    (folder / "Dockerfile").write_text(dockerfile)
+    (folder / "solution.sh").write_text(solution)
+    (folder / "tests" / "test_outputs.py").write_text(tests)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return str(folder)

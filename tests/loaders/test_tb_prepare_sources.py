@@ -14,7 +14,7 @@ import subprocess
 import zipfile
 
 import pytest
-from loader_helpers import FIXTURES, local_unavailable
+from loader_helpers import FIXTURES, local_unavailable, write_tb_task
 
 from compactrl.envs.loaders import tb_local_build as tlb
 from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
@@ -50,17 +50,13 @@ def _mirror(root) -> tuple[str, str]:
 
 
 def _clone_task(root) -> str:
-    folder = root / "clone-task"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "task.yaml").write_text("instruction: copy the README of widgets to /app/out.txt\nparser_name: pytest\n")
-    (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\nCOPY setup.sh ./\nRUN bash /app/setup.sh\n")
-    (folder / "setup.sh").write_text("git clone https://github.com/acme/widgets.git\ncd widgets\ngit log --oneline\n")
-    (folder / "solution.sh").write_text("cp widgets/README /app/out.txt\n"
-                                        "git -C /app/widgets remote get-url origin > /app/origin.txt\n")
-    (folder / "tests" / "test_outputs.py").write_text(
-        "def test_out():\n    assert open('/app/out.txt').read() == 'widgets v1\\n'\n"
-        "    assert open('/app/origin.txt').read().strip() == 'https://github.com/acme/widgets.git'\n")
-    return str(folder)
+    return write_tb_task(
+        root / "clone-task", instruction="copy the README of widgets to /app/out.txt",
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\nCOPY setup.sh ./\nRUN bash /app/setup.sh\n",
+        solution="cp widgets/README /app/out.txt\ngit -C /app/widgets remote get-url origin > /app/origin.txt\n",
+        tests="def test_out():\n    assert open('/app/out.txt').read() == 'widgets v1\\n'\n"
+              "    assert open('/app/origin.txt').read().strip() == 'https://github.com/acme/widgets.git'\n",
+        **{"setup.sh": "git clone https://github.com/acme/widgets.git\ncd widgets\ngit log --oneline\n"})
 
 
 # ------------------------------------------------------------------------------------ git mirror
@@ -224,16 +220,13 @@ def test_the_solutions_packages_are_in_a_wheelhouse_noop_does_not_see(tmp_path, 
     # prepare's pip download finds the wheel offline (pip's own options, as a user's pip.conf could say)
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
-    folder = tmp_path / "pip-task"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "task.yaml").write_text("instruction: compute the value\nparser_name: pytest\n")
-    (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
-    (folder / "solution.sh").write_text("pip install compactrl-fixture-pkg==1.0\n"
-                                        "python -c 'import compactrl_fixture_pkg as p; print(p.VALUE)' > /app/v.txt\n")
-    (folder / "tests" / "test_outputs.py").write_text(
-        "def test_value():\n    assert open('/app/v.txt').read().strip() == '42'\n\n"
-        "def test_the_package_is_importable():\n    import compactrl_fixture_pkg  # noqa: F401\n")
-    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local", prepare=True))
+    folder = write_tb_task(
+        tmp_path / "pip-task", instruction="compute the value", dockerfile="FROM python:3.11-slim\nWORKDIR /app\n",
+        solution="pip install compactrl-fixture-pkg==1.0\n"
+                 "python -c 'import compactrl_fixture_pkg as p; print(p.VALUE)' > /app/v.txt\n",
+        tests="def test_value():\n    assert open('/app/v.txt').read().strip() == '42'\n\n"
+              "def test_the_package_is_importable():\n    import compactrl_fixture_pkg  # noqa: F401\n")
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
     assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
     build = task.metadata["local_build"]["build"]
     assert build["wheelhouse"] == ["compactrl-fixture-pkg==1.0"] and not build["pip"]  # not pre-installed

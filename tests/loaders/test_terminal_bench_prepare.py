@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from loader_helpers import FIXTURES, local_unavailable
+from loader_helpers import FIXTURES, local_unavailable, write_tb_task
 
 from compactrl.envs.loaders import tb_local_build as tlb
 from compactrl.envs.loaders import terminal_bench as tb
@@ -137,12 +137,9 @@ def test_a_dockerfile_that_writes_system_files_replays_into_a_root_layer(cache) 
 
 def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
     folder = tmp_path / "hides-tests"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "task.yaml").write_text("instruction: build it\nparser_name: pytest\n")
-    (folder / "solution.sh").write_text("echo ok > /app/out.txt\n")
-    (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
-    (folder / "tests" / "test_outputs.py").write_text(
-        "import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
+    write_tb_task(folder, instruction="build it", dockerfile="FROM python:3.11-slim\nWORKDIR /app\n",
+                  solution="echo ok > /app/out.txt\n",
+                  tests="import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
     # with the image's work dir known they run from a plain folder there (test_tb_prepare_sources.py runs one)
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
     assert task.metadata["tests_moved"] == "tests/test_outputs.py" and "not_gradable" not in task.metadata
