@@ -11,7 +11,9 @@ Go module proxy) are replaced by their family substitutes (``compactrl.envs.sand
 built on first use, cached); the table names each base's substitute and how it differs, or why a
 base has none. ``--tasks-file`` reads the task list from a JSON list of ``{"path", "format",
 "source_repo", "commit"}`` (``benchmarks/data/terminal_bench_real.tasks.json``) instead of TASKS.
-Writes ``OUT.md`` (the table) and ``OUT.json`` (every record).
+Writes ``OUT.md`` (the table) and ``OUT.json`` (every record); each finished row goes to ``OUT.jsonl`` at
+once, and ``--resume`` runs only the rows it lacks. A folder the loader refuses (not valid as published, e.g. a
+2.x task without ``tests/test.sh``, which Harbor refuses too; or a multi-step task) is a row with the loader's error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import time
 
+from compactrl.envs.loaders.tb_spec import TerminalBenchError
 from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
 from compactrl.eval import run_task
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
@@ -252,6 +255,13 @@ def d_l(r: dict, key: str) -> str:
     return "/".join("pass" if r[b][key]["success"] else "fail" for b in ("docker", "local"))
 
 
+def _keep(out: str, row: dict) -> None:
+    """One finished row, appended to ``OUT.jsonl`` at once (``--resume`` reuses it) and printed."""
+    with open(out + ".jsonl", "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks-root", required=True, help="folder holding the TASKS folders")
@@ -268,6 +278,8 @@ def main() -> None:
     parser.add_argument("--download-cache", default=os.environ.get("COMPACTRL_DOWNLOAD_CACHE", ""),
                         help="things fetched ahead for the local backend's prepare: DIR/git/<host>/<owner>/<name>.git "
                              "bare mirrors of the repositories Dockerfile steps clone (TerminalBenchConfig.download_cache)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows an earlier run of the same --out "
+                        "finished (OUT.jsonl, written row by row) and run only the others")
     args = parser.parse_args()
     if args.download_cache:
         os.environ["COMPACTRL_DOWNLOAD_CACHE"] = os.path.abspath(args.download_cache)
@@ -283,6 +295,12 @@ def main() -> None:
     if args.tasks_file:
         with open(args.tasks_file) as fh:
             tasks = [(e["path"], f"{e['source_repo']}@{e['commit'][:8]} ({e['format']})") for e in json.load(fh)]
+    done: dict[str, dict] = {}
+    if args.resume and os.path.exists(args.out + ".jsonl"):  # rows finished by an earlier, stopped run
+        with open(args.out + ".jsonl") as fh:
+            done = {r["task"]: r for r in map(json.loads, filter(str.strip, fh))}
+    elif os.path.exists(args.out + ".jsonl"):
+        os.remove(args.out + ".jsonl")
     earlier = {}
     if args.compare_local:
         with open(args.compare_local) as fh:
@@ -291,8 +309,21 @@ def main() -> None:
     for rel, source in tasks:
         if args.only and rel not in args.only.split(","):
             continue
+        if rel in done:
+            rows.append(done[rel])
+            continue
         folder = os.path.join(args.tasks_root, rel)
-        task = load_task_dir(folder)
+        try:
+            task = load_task_dir(folder)
+        except TerminalBenchError as e:  # not valid as published, or a form the loader does not take (said in e)
+            row = {"task": rel, "format": source.rsplit("(", 1)[-1].rstrip(")") if "(" in source else "?",
+                   "source": source, "invalid": str(e)}
+            if "local" in backends:  # listed with the exceptions, its reason the loader's error
+                row["local"] = {"grading": "-", "check": "-", "prepare_s": 0.0, "notes": [],
+                                "not_gradable": f"not loaded: {e}"}
+            rows.append(row)
+            _keep(args.out, row)
+            continue
         row = {"task": rel, "format": f"{task.metadata['terminal_bench']['version']}.x", "source": source}
         if client is not None:
             row["docker"] = run_docker(task, client)
@@ -301,7 +332,7 @@ def main() -> None:
         elif earlier.get(rel):
             row["local"] = earlier[rel]
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        _keep(args.out, row)
     official_verdicts(rows, args.oracle_python)
     for r in rows:  # the outputs went to the graders; the records keep the verdicts
         for ep in ((r.get("local") or {}).get("gold"), (r.get("local") or {}).get("noop")):

@@ -70,7 +70,8 @@ def test_solution_yaml_is_read(tmp_path) -> None:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: os.remove(os.path.join(d, "task.yaml")), "task file: no task.yaml"),
-    (lambda d: shutil.rmtree(os.path.join(d, "tests")), "tests: no tests/"),
+    (lambda d: (shutil.rmtree(os.path.join(d, "tests")), os.remove(os.path.join(d, "run-tests.sh"))),
+     "tests: no tests/ folder with the task's tests and no run-tests.sh"),
     (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: ''\n"), "instruction: needs a non-empty"),
     (lambda d: open(os.path.join(d, "task.yaml"), "a").write("parser_name: swebench\n"), "parser_name: 'swebench'"),
     (lambda d: open(os.path.join(d, "task.yaml"), "w").write("instruction: x\nmax_test_timeout_sec: soon\n"),

@@ -19,6 +19,8 @@ from compactrl.envs.loaders.terminal_bench import (
     load_terminal_bench,
 )
 from compactrl.envs.sandbox._common import file_bytes
+from compactrl.eval import run_task
+from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
 pytestmark = pytest.mark.timeout(300)
 TB = os.path.join(FIXTURES, "terminal_bench")
@@ -206,3 +208,66 @@ def test_dockerfile_heredocs(tmp_path) -> None:
     assert {"op": "copy_out", "pairs": [["<inline>/opt/ref/b.txt", "/opt/ref/b.txt"]],
             "inline": {"/opt/ref/b.txt": "indented\n"}} in steps
     assert steps[-1]["op"] == "run" and steps[-1]["command"] == "mkdir -p /app/made\necho made > /app/made/x"
+
+
+
+# A 1.x task whose run-tests.sh holds its tests (the harness copies tests/ only where there is one): it
+# writes a test file and runs pytest on it, as the SWE-bench-style tasks of the official set do.
+_INLINE_RUN_TESTS = """#!/bin/bash
+cat > /tmp/inline_test.py << 'END'
+import pathlib
+
+def test_answer():
+    assert pathlib.Path("answer.txt").read_text().strip() == "42"
+END
+python -m pytest -rA -p no:cacheprovider /tmp/inline_test.py
+"""
+
+
+def _inline_task(tmp_path, run_tests: str) -> str:
+    folder = tmp_path / "inline"
+    folder.mkdir()
+    (folder / "task.yaml").write_text("instruction: Write 42 to answer.txt.\nparser_name: pytest\n")
+    (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
+    (folder / "solution.sh").write_text("echo 42 > answer.txt\n")
+    (folder / "run-tests.sh").write_text(run_tests)
+    return str(folder)
+
+
+def test_a_1x_task_without_tests_folder_is_graded_by_its_run_tests_script(tmp_path) -> None:
+    folder = _inline_task(tmp_path, _INLINE_RUN_TESTS)
+    task = load_task_dir(folder)
+    assert task.metadata["grading"] == "script" and "not_gradable" not in task.metadata
+    assert not any(k.startswith(".tbench_tests/") for k in task.check.hidden_files)
+    if local_unavailable():
+        pytest.skip(local_unavailable())
+    local = load_task_dir(folder, TerminalBenchConfig(backend="local"))
+    gold, noop = run_task(local, GoldPolicy(), "local"), run_task(local, NoopPolicy(), "local")
+    assert gold["success"] and gold["info"]["test_summary"].startswith("Tests: 1 passed, 0 failed"), gold["info"]
+    assert not noop["success"] and noop["sandbox_error"] is None, noop["info"]
+
+
+def test_a_network_run_tests_script_without_tests_folder_is_flagged_on_every_backend(tmp_path) -> None:
+    folder = _inline_task(tmp_path, "apt-get update && apt-get install -y gcc\n" + _INLINE_RUN_TESTS)
+    for config in (TerminalBenchConfig(), TerminalBenchConfig(backend="local")):
+        task = load_task_dir(folder, config)
+        assert task.metadata["not_gradable"] == (
+            "needs network at test time: run-tests.sh installs from the network (apt-get), and the task has no "
+            "tests/ for pytest to run instead")
+
+
+def test_a_1x_task_needs_tests_or_a_run_tests_script(tmp_path) -> None:
+    folder = _inline_task(tmp_path, "")
+    os.remove(os.path.join(folder, "run-tests.sh"))
+    with pytest.raises(TerminalBenchError, match="no tests/ folder with the task's tests and no run-tests.sh"):
+        load_task_dir(folder)
+
+
+def test_a_multi_step_harbor_task_is_refused_with_its_steps_named(tmp_path) -> None:
+    folder = str(tmp_path / "multi")
+    shutil.copytree(TOML_TASK, folder)
+    with open(os.path.join(folder, "task.toml"), "a") as fh:
+        fh.write('\n[[steps]]\nname = "1_build"\n\n[[steps]]\nname = "2_extend"\n')
+    with pytest.raises(TerminalBenchError, match=r"task.toml: steps: a multi-step task \(2 steps: 1_build, 2_extend\) "
+                                                  "is not supported"):
+        load_task_dir(folder)

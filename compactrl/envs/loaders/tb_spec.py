@@ -126,10 +126,13 @@ def _size_mb(where: str, table: str, env: dict, name: str) -> int | None:
 
 
 def _tests(spec: TaskSpec) -> None:
+    """``tests/``'s files. A 1.x task may have none: the harness copies ``tests/`` only where it exists, and
+    ``run-tests.sh`` may hold the tests itself (the SWE-bench-style tasks write their test patch from it)."""
     tests = os.path.join(spec.folder, "tests")
     spec.test_files = _walk(tests) if os.path.isdir(tests) else []
-    if not spec.test_files:
-        raise TerminalBenchError(f"{tests}: tests: no tests/ folder with the task's tests")
+    if not spec.test_files and not (spec.version == 1 and spec.run_tests):
+        raise TerminalBenchError(f"{tests}: tests: no tests/ folder with the task's tests"
+                                 + (" and no run-tests.sh" if spec.version == 1 else ""))
 
 
 def read_spec(folder: str) -> TaskSpec:
@@ -258,6 +261,11 @@ def _read_toml(folder: str) -> TaskSpec:
     path = os.path.join(folder, "task.toml")
     spec = _load_toml(path)
     ignored = _toml_unknown(path, spec)
+    if spec.get("steps"):  # Harbor's multi-step tasks: steps/<name>/{instruction.md,tests/,solution/}
+        steps = spec["steps"] if isinstance(spec["steps"], list) else []
+        names = ", ".join(str(s.get("name")) for s in steps if isinstance(s, dict))
+        raise TerminalBenchError(f"{path}: steps: a multi-step task ({len(steps)} steps: {names}) is not supported: an "
+                                 "episode here has one instruction and one verifier")
     instruction = _text(os.path.join(folder, "instruction.md"))
     if not instruction or not instruction.strip():
         raise TerminalBenchError(f"{os.path.join(folder, 'instruction.md')}: instruction: missing or empty")

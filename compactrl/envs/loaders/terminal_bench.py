@@ -194,6 +194,8 @@ def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | No
                     for rel in spec.test_files if rel.endswith(".sh") and rel != "test.sh"]
         for name, text in scripts:
             needs = _NEEDS_NETWORK.search(text)
+            if needs and not spec.test_files:  # nothing for pytest to run instead (NO_TESTS_NETWORK)
+                return "script", f"{name} installs from the network ({needs.group(0)})"
             if needs:
                 return "pytest", f"{name} installs from the network ({needs.group(0)}): pytest run on tests/ instead"
     return "script", None
@@ -328,6 +330,9 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     # running when the tests run
     meta["keep_background"] = True
     _local_build(spec, facts, files, config, meta)
+    if mode == "script" and note and not meta.get("not_gradable"):
+        # no sandbox here has a network at test time, and without tests/ no pytest run can stand for it
+        meta["not_gradable"] = f"needs network at test time: {note}, and the task has no tests/ for pytest to run instead"
     if meta.get("tests_moved"):
         _tests_in_workdir(spec, hidden, meta["workdir"], config.max_file_bytes)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
