@@ -26,6 +26,7 @@ import time
 from compactrl.envs.loaders.tb_spec import TerminalBenchError
 from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
 from compactrl.eval import run_task
+from compactrl.eval.validate import not_gradable
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
 # (folder under --tasks-root, where it was published)
@@ -93,8 +94,8 @@ def run_local(folder: str) -> dict:
     meta = task.metadata
     out: dict = {"grading": meta["grading"], "check": task.check.kind, "prepare_s": round(time.monotonic() - started, 1),
                  "notes": [*meta.get("local_notes", ()), *filter(None, [meta.get("grading_note")])]}
-    if meta.get("not_gradable"):
-        out["not_gradable"] = meta["not_gradable"]
+    if reason := not_gradable(task):
+        out["not_gradable"] = reason
         return out
     for name, policy in (("gold", GoldPolicy()), ("noop", NoopPolicy())):
         out[name] = _local_episode(task, policy)

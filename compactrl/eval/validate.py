@@ -37,9 +37,15 @@ def prepared_of(task: Task) -> bool:
 
 
 def not_gradable(task: Task) -> str | None:
-    """The loader's reason why ``task`` cannot be graded faithfully on this machine, or None."""
+    """The loader's reason why ``task`` cannot be graded faithfully on this machine, or why it cannot be
+    validated (a Terminal-Bench task published without a reference solution: no gold to run), or None."""
     reason = task.metadata.get("not_gradable")
-    return str(reason) if reason else None
+    if reason:
+        return str(reason)
+    if task.source == "terminal-bench" and not task.metadata.get("solution_sh"):
+        return ("no reference solution as published (no solution.sh, solution.yaml or solution/solve.sh): gold cannot "
+                "be run")
+    return None
 
 
 def verdict(record: dict[str, Any]) -> dict[str, Any]:

@@ -124,3 +124,13 @@ def test_validate_takes_terminal_bench_folders(cache, tmp_path, capsys) -> None:
     assert data["ok"] == data["total"] == 2
     rec = data["tasks"][0]
     assert rec["gold"]["exit_code"] == 0 and rec["noop"]["timed_out"] is False and "reward=0" in rec["noop"]["log_tail"]
+
+
+def test_validate_names_a_task_published_without_a_reference_solution(tmp_path, capsys) -> None:
+    # Harbor tasks may come without solution/ (the oracle agent then fails): nothing for gold to run
+    folder = str(tmp_path / "no-solution")
+    shutil.copytree(os.path.join(LOCAL, "python-verifier"), folder)
+    shutil.rmtree(os.path.join(folder, "solution"))
+    assert main(["tasks", "validate", folder, "--backend", "local"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("SKIP  no-solution  terminal") and "no reference solution as published" in out

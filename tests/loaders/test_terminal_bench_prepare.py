@@ -104,6 +104,19 @@ def test_the_uv_installer_maps_to_the_uv_wheel_where_the_installer_puts_it() -> 
     assert why is None and plan.tools == ["uv==0.5.11"] and plan.root_layer  # the copy to /usr/local/bin
 
 
+def test_what_a_script_installs_with_pip_uv_pip_uv_add_and_uvx() -> None:
+    # the official 1.x tests' pattern: setup-uv-pytest.sh runs `uv add pytest==8.4.1`, run-tests.sh adds its own
+    script = ("source $TEST_DIR/setup-uv-pytest.sh\nuv add rdkit==2025.3.3\n"
+              "uv add --dev --group test hypothesis -r extra.txt ./local-pkg https://x.org/p.whl\n"
+              "uv pip install pillow==11.2.1 numpy==2.3.1\npip install six\nuvx --with scipy pytest -q\n"
+              "uv run pytest tests/\n")
+    assert tlb.solution_requirements(script) == ["rdkit==2025.3.3", "hypothesis", "pillow==11.2.1", "numpy==2.3.1",
+                                                 "six", "scipy"]
+    assert tlb.uv_add_requirements(["uv", "--quiet", "add", "flask>=3", "--optional", "web", "gunicorn"]) == [
+        "flask>=3", "gunicorn"]
+    assert tlb.uv_add_requirements(["uv", "sync"]) == [] and tlb.uv_add_requirements(["pip", "add", "x"]) == []
+
+
 def test_a_solution_that_changes_system_files_is_seen() -> None:
     assert tlb.solution_system_writes("apt-get install -y nginx\ncat > /etc/nginx/conf.d/site.conf << 'EOF'\n") == \
         "/etc/nginx/conf.d/site.conf"

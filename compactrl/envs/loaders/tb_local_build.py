@@ -528,7 +528,7 @@ def _expand(value: str, env: dict[str, str]) -> str:
 
 
 def solution_requirements(script: str | None) -> list[str]:
-    """What a script ``pip install``s or runs ``uvx --with`` (a reference solution, a test script: the
+    """What a script ``pip install``s (``uv pip install``), ``uv add``s or runs ``uvx --with`` (a reference solution, a test script: the
     harness's containers have the network, the local sandbox has none): those requirements are
     installed at prepare time instead."""
     reqs: list[str] = []
@@ -537,9 +537,39 @@ def solution_requirements(script: str | None) -> list[str]:
             seg = classify(text, {}, "")
             found = seg.detail if seg.action == "pip" else []
             if seg.words and os.path.basename(seg.words[0]) in ("uvx", "uv"):  # uvx --with numpy==2.1.3 pytest ...
-                found = [seg.words[i + 1] for i, w in enumerate(seg.words[:-1]) if w in ("--with", "-w")]
+                found = found + [seg.words[i + 1] for i, w in enumerate(seg.words[:-1]) if w in ("--with", "-w")]
+                found += uv_add_requirements(seg.words)
             reqs += [r for r in found if r not in reqs]
     return reqs
+
+
+# `uv add` options that take a value (the rest are flags)
+_UV_ADD_VALUES = {"--group", "--optional", "--package", "--script", "--tag", "--branch", "--rev", "--extra",
+                  "--marker", "-m", "--bounds", "--python", "-p", "--directory", "--project", "--index",
+                  "--default-index", "--index-url", "-i", "--extra-index-url", "--find-links", "-f", "--index-strategy",
+                  "--resolution", "--prerelease", "--exclude-newer", "--config-file", "--cache-dir", "--color",
+                  "--constraints", "-c", "--requirements", "-r"}
+
+
+def uv_add_requirements(words: list[str]) -> list[str]:
+    """What ``uv add [options] REQ...`` adds (``uv add pytest==8.4.1 rdkit``): its requirement arguments.
+    A path, URL or ``-r`` file gives none here (the reason comes from the network check)."""
+    if len(words) < 2 or os.path.basename(words[0]) != "uv":
+        return []
+    rest = words[1:]
+    sub = next((w for w in rest if not w.startswith("-")), "")
+    if sub != "add":
+        return []
+    args, out, i = rest[rest.index("add") + 1:], [], 0
+    while i < len(args):
+        w = args[i]
+        if w.startswith("-"):
+            i += 2 if w in _UV_ADD_VALUES else 1
+            continue
+        if "://" not in w and not w.startswith((".", "/", "git+")):
+            out.append(w)
+        i += 1
+    return out
 
 
 _FETCHERS = {"curl", "wget", "git", "uv", "uvx", "npm", "npx", "yarn", "pnpm", "cargo", "go", "gem", "conda", "pipx",
