@@ -60,6 +60,25 @@ def test_install_for_tasks_installs_only_what_apt_has(monkeypatch) -> None:
     assert lines[0] == "system packages apt has no candidate for (those tasks stay not gradable): nope"
 
 
+def test_packages_are_named_only_when_nothing_else_stops_the_task(monkeypatch) -> None:
+    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "qemu-utils")
+    apt = {"op": "run", "command": "apt-get update && apt-get install -y qemu-utils", "workdir": "/"}
+    fetch = {"op": "run", "command": "wget -q https://example.org/alpine.iso -O /app/alpine.iso", "workdir": "/"}
+    # a later step that needs the network is the reason: installing qemu-utils would not make it gradable
+    assert tlb.plan([apt, fetch], {}, "", "/app", "k")[1].startswith("needs its image: RUN wget")
+    alone = tlb.plan([apt, {"op": "run", "command": "echo ok > /app/x", "workdir": "/"}], {}, "", "/app", "k")[1]
+    assert alone.startswith("needs its image: RUN apt-get update") and tlb.INSTALL_HINT in alone
+
+    class T:
+        def __init__(self, pkgs, error=None):
+            self.metadata = {"system_packages": pkgs, **({"local_build": {"error": error}} if error else {})}
+
+    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
+    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: pkgs)
+    tasks = [T(["clang"], "needs its image: RUN git clone https://github.com/o/n (...)"), T(["qemu-utils"], alone)]
+    assert tlb.install_for_tasks(tasks, lambda line: None) == ["qemu-utils"]
+
+
 def test_installing_needs_root(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="needs root"):

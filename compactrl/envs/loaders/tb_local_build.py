@@ -452,6 +452,9 @@ class Plan:
     """``git clone`` URLs the steps run -> ``{"mirror": bare repository, "head": its HEAD}`` (:func:`git_mirror_path`)."""
     git_mirror: str | None = None
     """The mirror folder the clones come from (``<download cache>/git``)."""
+    downloads: list[str] = field(default_factory=list)
+    """URLs the steps download that :mod:`tb_downloads` rebuilds from a reachable registry at prepare time
+    (the step copies the file from the state's ``downloads/`` instead)."""
     tools: list[str] = field(default_factory=list)
     """Wheels of tools a known installer script would fetch (``uv==0.5.11`` for astral.sh's uv
     installer), installed at prepare time under ``tools/<name>-<version>`` of the state (:func:`map_installers`)."""
@@ -460,6 +463,7 @@ class Plan:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
+                **({"downloads": self.downloads} if self.downloads else {}),
                 **({"wheelhouse": self.wheelhouse, "pip_command": "python3 -m pip"}
                    if self.wheelhouse else {}),
                 **({"git": self.git, "git_mirror": self.git_mirror} if self.git else {})}
@@ -469,6 +473,16 @@ class Plan:
 _UV_INSTALLER = re.compile(r"(?:curl|wget)\s[^|;&\n]*?https?://astral\.sh/uv/(?:(\d+\.\d+(?:\.\d+)?)/)?install\.sh"
                            r"[^|;&\n]*\|\s*(?:env\s+(?:\w+=\S*\s+)*)?(?:sh|bash)\b(?:\s+-s\b)?(?:\s+--\s+[^;&|\n]*)?")
 TOOLS_MARK = "__TOOLS__"
+DOWNLOADS_MARK = "__DOWNLOADS__"
+
+
+def release_download(text: str, env: dict[str, str], workdir: str) -> tuple[str, str] | None:
+    """``(url, destination)`` when the segment downloads a release :mod:`tb_downloads` can rebuild, else None."""
+    from compactrl.envs.loaders import tb_downloads
+
+    words = [_expand(w, env) for w in _words(text)]
+    got = tb_downloads.download_target(words, workdir)
+    return got if got and tb_downloads.release_for(got[0]) else None
 
 
 def map_installers(command: str) -> tuple[str, list[str], list[str]]:
@@ -714,6 +728,9 @@ def install_for_tasks(tasks, echo=print, record: str | None = None) -> list[str]
     the tasks again: they are then planned with the packages present)."""
     wanted: list[str] = []
     for task in tasks:
+        error = (task.metadata.get("local_build") or {}).get("error") or ""
+        if error and INSTALL_HINT not in error:
+            continue  # something else stops it (network, its image): the packages would not help
         wanted += [p for p in task.metadata.get("system_packages") or () if p not in wanted]
     if not wanted:
         echo("system packages: every package the tasks install is on this machine")
@@ -771,6 +788,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                           "prepare time into the task's wheelhouse, which an episode's pip and uv read offline "
                           "(installed only by a policy that installs them)")
     root = (workdir or "").rstrip("/") + "/"
+    apt_why = None
     for step in steps:
         op = step["op"]
         if op == "other":
@@ -791,6 +809,16 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
             out.tools += [w for w in wheels if w not in out.tools]
             out.mapped += notes
             for text, sep in split_segments(command):
+                release = release_download(text, env, step.get("workdir") or "/")
+                if release:  # the same release from a registry reachable here (tb_downloads), copied in
+                    url, dest = release
+                    if url not in out.downloads:
+                        out.downloads.append(url)
+                        out.mapped.append(f"{url}: the same release rebuilt at prepare time from a registry "
+                                          "reachable here (tb_downloads)")
+                    pieces.append(f" cp {DOWNLOADS_MARK}/{shlex.quote(os.path.basename(url))} {shlex.quote(dest)} "
+                                  + sep)
+                    continue
                 seg = classify(text, files, context)
                 if seg.action == "image":
                     why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
@@ -798,9 +826,11 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                 if seg.action == "apt":
                     missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                     if missing:
-                        why = (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not installed on "
-                               f"this machine: {' '.join(missing)}{INSTALL_HINT})")
-                        break
+                        # named only when nothing else stops the task: installing them would not help then
+                        apt_why = apt_why or (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not "
+                                              f"installed on this machine: {' '.join(missing)}{INSTALL_HINT})")
+                        pieces.append(" true " + sep)
+                        continue
                     absent = [p for p in seg.detail if p in SESSION_TOOLS and not _host_has_package(p)]
                     out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
                         f" except {' '.join(absent)} (terminal session tools, used by no grader)" if absent else ""))
@@ -847,6 +877,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                               "env": dict(env), **({"npm": npm_steps} if npm_steps else {})})
             if npm_steps:  # the episode's npm finds that cache where the image's does (its HOME is the work dir)
                 env["npm_config_cache"] = env.get("HOME", "/root").rstrip("/") + "/.npm"
+    if apt_why:
+        return None, apt_why
     if out.pip:
         env["PYTHONPATH"] = ":".join(filter(None, ["__SITE__", env.get("PYTHONPATH", "")]))
         # the image's pytest loads the plugins installed with it (e.g. pytest-json-ctrf for --ctrf)
@@ -931,6 +963,12 @@ def prepare(task, cache: str | None = None, *, allow_download: bool = True, time
     if build.get("wheelhouse") and not allow_download:
         raise PrepareError(f"needs preparing: the wheelhouse of {' '.join(build['wheelhouse'])} (run the loader with "
                            "prepare=True, or `compactrl tasks validate`, before the episode)")
+    if build.get("downloads") and not allow_download:
+        from compactrl.envs.loaders import tb_downloads
+
+        if missing := [u for u in build["downloads"] if not tb_downloads.cached(u)]:
+            raise PrepareError(f"needs preparing: {missing[0]} (rebuilt from a reachable registry; run the loader "
+                               "with prepare=True, or `compactrl tasks validate`, before the episode)")
     if build.get("pip") and not allow_download:
         raise PrepareError(f"needs preparing: pip install {' '.join(build['pip'])} (run the loader with "
                            "prepare=True, or `compactrl tasks validate`, before the episode)")
@@ -993,6 +1031,20 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         if failed:
             return (f"needs its image: the reference solution's pip install {' '.join(build['wheelhouse'])} ({failed})"
                     + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
+    for url in build.get("downloads") or ():  # hard links to the cache (the same file system), or copies
+        from compactrl.envs.loaders import tb_downloads
+
+        try:
+            got = tb_downloads.fetch(url, timeout_s=timeout_s)
+        except tb_downloads.DownloadError as e:
+            return f"needs its image: {e}"
+        folder = os.path.join(out, "downloads")
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        target = os.path.join(folder, os.path.basename(url))
+        try:
+            os.link(got, target)
+        except OSError:
+            shutil.copy2(got, target)
     for req in build.get("tools") or ():
         target = os.path.join(out, "tools", req.replace("==", "-"))
         failed = _pip_wheels_into(target, ["--no-deps", req], timeout_s, tail_lines=2)
@@ -1055,7 +1107,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             path = ":".join([env.get("PATH", BASE_PATH), *_host_tool_path()])
             command = (f"{exports}{npm_prefix}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
                        f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
-                       f"/bin/sh -c {shlex.quote(step['command'].replace(TOOLS_MARK, os.path.join(out, 'tools')))}")
+                       f"/bin/sh -c {shlex.quote(_marks(step['command'], out))}")
             res = sandbox.exec(command, timeout_s=timeout_s)
             if res.exit_code != 0:
                 tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
@@ -1070,11 +1122,17 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             os.remove(tar)
         shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
         shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
+        shutil.rmtree(os.path.join(out, "downloads"), ignore_errors=True)  # used by the steps; the cache keeps them
     finally:
         sandbox.close()
         if root:
             _finish_layer(layer, sandbox.config.sandbox_uid)
     return None
+
+
+def _marks(command: str, out: str) -> str:
+    """A step's command with the state's folders in place of :data:`TOOLS_MARK` and :data:`DOWNLOADS_MARK`."""
+    return command.replace(TOOLS_MARK, os.path.join(out, "tools")).replace(DOWNLOADS_MARK, os.path.join(out, "downloads"))
 
 
 def _host_tool_path() -> list[str]:

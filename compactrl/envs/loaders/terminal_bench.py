@@ -164,33 +164,63 @@ def _rewrite_paths(text: str) -> str:
     return _ABS_TESTS.sub("${TBENCH_ROOT}/" + TESTS_DIR, text)
 
 
-def _hidden(spec: TaskSpec, limit: int) -> dict[str, str]:
+# `uvx [--python V] [--with R]... pytest ARGS` (the 2.x verifiers' way of running pytest): options that
+# stay on the line or continue it with a backslash
+_UVX = re.compile(r"(?<![\w./-])uvx\b")
+_UVX_OPTION = re.compile(r"[ \t]+(?:(?:--python|-p|--with|-w)(?:=|[ \t]+)[^\s;&|]+|--quiet|-q|--isolated|--no-cache|"
+                         r"--offline|--no-progress)|[ \t]*\\\n")
+_UVX_PYTEST = re.compile(r"[ \t]+(?:\\\n[ \t]*)?pytest\b|[ \t]*\\\n[ \t]*pytest\b")
+
+
+def offline_uvx(text: str) -> str:
+    """A test script's ``uvx [--python V] [--with R]... pytest ARGS`` as ``python3 -m pytest ARGS``: the
+    requirements ``R`` are installed at prepare time (``uvx --with`` counts as what the test script
+    installs) and the sandbox's interpreter stands for ``V``, so the rest of the script (a build, a
+    run that writes the output the tests read) runs as published, offline. Other ``uvx`` uses are kept."""
+    out, pos = [], 0
+    for m in _UVX.finditer(text):
+        if m.start() < pos:
+            continue
+        end = m.end()
+        while option := _UVX_OPTION.match(text, end):
+            end = option.end()
+        tool = _UVX_PYTEST.match(text, end)
+        if tool:
+            out += [text[pos:m.start()], "python3 -m pytest"]
+            pos = tool.end()
+    return "".join(out) + text[pos:]
+
+
+def _hidden(spec: TaskSpec, limit: int, rewrite=lambda text: text) -> dict[str, str]:
     """The tests as published under ``.tbench_tests/`` (copied to ``/tests`` for the run, as the
-    harness puts them there), and under ``.tbench_run/rw/`` the shell scripts with ``/tests`` and
-    ``/logs/verifier`` pointed into the work dir, for a sandbox where those cannot be made."""
+    harness puts them there; shell scripts through ``rewrite``), and under ``.tbench_run/rw/`` the shell
+    scripts with ``/tests`` and ``/logs/verifier`` pointed into the work dir, for a sandbox where those
+    cannot be made."""
     hidden = {}
     for rel in spec.test_files:
         text = read_limited(os.path.join(spec.folder, "tests", rel), limit)
         if text is None:
             raise TerminalBenchError(f"{spec.folder}/tests/{rel}: tests: larger than max_file_bytes")
+        text = rewrite(text) if rel.endswith(".sh") else text
         hidden[f"{TESTS_DIR}/{rel}"] = text
         if rel.endswith(".sh") and _rewrite_paths(text) != text:
             hidden[f"{RUN_DIR}/rw/{rel}"] = _rewrite_paths(text)
     if spec.run_tests:
-        hidden[f"{RUN_DIR}/run-tests.sh"] = spec.run_tests
-        hidden[f"{RUN_DIR}/rw-run-tests.sh"] = _rewrite_paths(spec.run_tests)
+        hidden[f"{RUN_DIR}/run-tests.sh"] = rewrite(spec.run_tests)
+        hidden[f"{RUN_DIR}/rw-run-tests.sh"] = _rewrite_paths(rewrite(spec.run_tests))
     return hidden
 
 
-def _grading(spec: TaskSpec, config: TerminalBenchConfig) -> tuple[str, str | None]:
-    """``("script" | "pytest", note)``: how this task is graded and, for a fallback, why."""
+def _grading(spec: TaskSpec, config: TerminalBenchConfig, rewrite=lambda text: text) -> tuple[str, str | None]:
+    """``("script" | "pytest", note)``: how this task is graded and, for a fallback, why (the scripts as
+    ``rewrite`` leaves them: :func:`offline_uvx` on the local backend)."""
     script = spec.run_tests if spec.version == 1 else spec.test_sh
     if config.grading == "pytest" or script is None:
         return "pytest", None if script is None else "pytest forced by grading='pytest'"
     if config.grading == "auto":
         # the script and the shell scripts it calls from tests/ (1.x: setup-uv-pytest.sh, run-uv-pytest.sh)
-        scripts = [("run-tests.sh" if spec.version == 1 else "tests/test.sh", script)]
-        scripts += [(f"tests/{rel}", _text(os.path.join(spec.folder, "tests", rel)) or "")
+        scripts = [("run-tests.sh" if spec.version == 1 else "tests/test.sh", rewrite(script))]
+        scripts += [(f"tests/{rel}", rewrite(_text(os.path.join(spec.folder, "tests", rel)) or ""))
                     for rel in spec.test_files if rel.endswith(".sh") and rel != "test.sh"]
         for name, text in scripts:
             needs = _NEEDS_NETWORK.search(text)
@@ -305,8 +335,11 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     config = config or TerminalBenchConfig()
     spec = read_spec(folder)
     files, skipped, facts = task_files(spec, config.max_file_bytes)
-    hidden = _hidden(spec, config.max_file_bytes)
-    mode, note = _grading(spec, config)
+    # the local backend runs a verifier's `uvx ... pytest` offline (offline_uvx); the docker backend's image
+    # has the uvx the script expects
+    rewrite = offline_uvx if config.backend == "local" else (lambda text: text)
+    hidden = _hidden(spec, config.max_file_bytes, rewrite)
+    mode, note = _grading(spec, config, rewrite)
     meta: dict[str, Any] = {
         "terminal_bench": {**spec.info, "version": spec.version},
         "solution_sh": _solution_with_files(spec, config.max_file_bytes),
