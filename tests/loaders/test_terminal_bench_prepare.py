@@ -28,6 +28,14 @@ def test_apt_decision_per_package_without_installing() -> None:
                         "compactrl-absent-tool": "unavailable"}
 
 
+def test_a_solution_continued_over_lines_is_read_as_the_shell_reads_it(monkeypatch) -> None:
+    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "libopenmpi-dev")
+    solution = "apt-get update && apt-get install -y \\\n    gcc \\\n    libopenmpi-dev\nmpicc -o sim sim.c\n"
+    assert tlb.apt_packages([], [solution]) == ["gcc", "libopenmpi-dev"]
+    assert tlb.solution_network(solution).startswith("apt-get install libopenmpi-dev, which this machine lacks")
+    assert tlb.solution_requirements("pip install \\\n  numpy==2.1.3 \\\n  scipy\n") == ["numpy==2.1.3", "scipy"]
+
+
 def test_apt_packages_of_the_steps_and_the_solution_less_session_tools() -> None:
     steps = [{"op": "run", "command": "apt-get update && apt-get install -y --no-install-recommends gfortran make "
                                       "tmux && rm -rf /var/lib/apt/lists/*"},

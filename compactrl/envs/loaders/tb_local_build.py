@@ -111,6 +111,12 @@ def split_segments(command: str) -> list[tuple[str, str]]:
     return out
 
 
+def script_lines(text: str | None) -> list[str]:
+    """A shell script's logical lines: a line ending in a backslash continues on the next
+    (``apt-get install -y \\`` then one package per line), as the shell reads it."""
+    return re.sub(r"\\\r?\n", " ", text or "").splitlines()
+
+
 def _words(text: str) -> list[str]:
     try:
         words = shlex.split(text, comments=False)
@@ -306,7 +312,7 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
                                files, context) or _context_text(os.path.basename(targets[0]), files, context)
         clones: list[str] = []
-        for line in (script or "").splitlines():
+        for line in script_lines(script):
             for inner, _sep in split_segments(line.split("#", 1)[0] if line.lstrip().startswith("#") else line):
                 seg = classify(inner, files, context)
                 if seg.action == "image":
@@ -546,7 +552,7 @@ def solution_requirements(script: str | None) -> list[str]:
     harness's containers have the network, the local sandbox has none): those requirements are
     installed at prepare time instead."""
     reqs: list[str] = []
-    for line in (script or "").splitlines():
+    for line in script_lines(script):
         for text, _sep in split_segments(line):
             seg = classify(text, {}, "")
             found = seg.detail if seg.action == "pip" else []
@@ -603,7 +609,7 @@ def _go_std_only(script: str | None) -> bool:
 def solution_network(script: str | None) -> str | None:
     """What in a reference solution fetches from the network (``curl ... | sh``, ``uv add flask``,
     ``git clone``), or None. The harness's agent has the network; the local sandbox has none."""
-    for line in (script or "").splitlines():
+    for line in script_lines(script):
         if line.lstrip().startswith("#"):
             continue
         for text, _sep in split_segments(line):
@@ -632,7 +638,7 @@ def solution_system_writes(script: str | None) -> str | None:
     (``cat > /etc/nginx/conf.d/x``, ``sed -i ... /etc/x``, ``rm -f /etc/nginx/sites-enabled/default``),
     or None. The image's agent is root; the local sandbox's shell is not, so such a solution can only
     change the system files its task's root layer put there."""
-    for line in (script or "").splitlines():
+    for line in script_lines(script):
         if line.lstrip().startswith("#"):
             continue
         m = re.search(r"(?<![<\d&])>>?\s*(/(?:etc|usr|bin|sbin|lib\w*)/[^\s;&|'\"]*)", line)
@@ -662,7 +668,7 @@ def apt_packages(steps: list[dict], scripts: list[str | None] = ()) -> list[str]
     out: list[str] = []
     texts = [s["command"] for s in steps if s.get("op") == "run"] + [t for t in scripts if t]
     for text in texts:
-        for line in text.splitlines():
+        for line in script_lines(text):
             if line.lstrip().startswith("#"):
                 continue
             for piece, _sep in split_segments(line):
