@@ -27,7 +27,7 @@ import numpy as np
 from compactrl.envs.generators.dynamics import task_dynamics
 from compactrl.envs.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
 from compactrl.envs.spaces import UnicodeText
-from compactrl.envs.task import Task
+from compactrl.envs.task import Check, Task
 from compactrl.envs.tools import FormatError, ToolCall, describe_tools, normalize_path, parse_action
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,8 @@ class ToolEnv(gym.Env[str, str]):
         self._last_obs = ""
         self._line_cache: dict[str, tuple[str, list[str]]] = {}
         self._dynamics = None
+        self._steps: list[dict] = []
+        self._stage, self._stage_results = 0, []
 
     # -- prompts ---------------------------------------------------------------------------------
     @property
@@ -170,6 +172,8 @@ class ToolEnv(gym.Env[str, str]):
         self._line_cache = {}
         self.task = task
         self._dynamics = task_dynamics(task.metadata, self.np_random)  # flaky runs, progress rewards
+        self._steps = list(task.metadata.get("steps") or ())  # a multi-step task's steps (see _after_submit)
+        self._stage, self._stage_results = 0, []
         self._done = False
         self._turn = self._format_errors = self._tool_errors = 0
         self._started = time.monotonic()
@@ -196,6 +200,9 @@ class ToolEnv(gym.Env[str, str]):
                     report = self._run_tests()
                     terminated = not (self._dynamics and self._dynamics.flaked)
                     obs = "Submitted.\n" + format_report(report) + ("" if terminated else _FLAKED_SUBMIT)
+                    if terminated and self._steps:
+                        terminated, next_step = self._after_submit(report)
+                        obs += next_step
                 else:
                     obs = self._run_tool(call)
             if not terminated and self._over_limits():
@@ -209,6 +216,15 @@ class ToolEnv(gym.Env[str, str]):
         if self._done:
             reward = float(report is not None and report.success)
             info.update(_final_info(report))
+            if self._steps:
+                if truncated and report is not None:  # the step under way is graded at the limit, as Harbor's
+                    self._stage_results.append(bool(report.success))
+                reward = steps_reward(self._stage_results, self.task.metadata.get("steps_reward", "mean"))
+                info["success"] = reward >= 1.0
+                info["steps"] = [{"name": s.get("name"), "success": ok} for s, ok in zip(self._steps, self._stage_results)]
+                # scalars too (episode records keep only those)
+                info["steps_graded"], info["steps_passed"] = len(self._stage_results), sum(self._stage_results)
+                info["steps_summary"] = "; ".join(f"{s['name']}: {'pass' if s['success'] else 'fail'}" for s in info["steps"])
         if self._dynamics:
             reward += self._dynamics.take_reward()
         info["format_errors"], info["tool_errors"] = self._format_errors, self._tool_errors
@@ -313,8 +329,25 @@ class ToolEnv(gym.Env[str, str]):
 
     # -- helpers ---------------------------------------------------------------------------------
     def _run_tests(self) -> TestReport:
-        report = self._sandbox.run_tests()
+        check = None
+        if self._steps and self._stage > 0:  # a later step of a multi-step task: its own tests
+            raw = dict(self._steps[self._stage]["check"])
+            check = Check(**{**raw, "must_pass": tuple(raw.get("must_pass", ()))})
+        report = self._sandbox.run_tests(check) if check is not None else self._sandbox.run_tests()
         return self._dynamics.run(report) if self._dynamics else report
+
+    def _after_submit(self, report: TestReport) -> tuple[bool, str]:
+        """A multi-step task (``metadata["steps"]``, as Harbor runs one): the step's verdict is kept; the
+        episode goes on with the next step's instruction, in the same sandbox and conversation, unless
+        this was the last step or its reward is below the step's ``min_reward``. ``(terminated, text)``."""
+        self._stage_results.append(bool(report.success))
+        step, n = self._steps[self._stage], len(self._steps)
+        gate = step.get("min_reward")
+        if self._stage == n - 1 or (gate is not None and float(report.success) < gate):
+            return True, ""
+        self._stage += 1
+        nxt = self._steps[self._stage]
+        return False, f"\n\nStep {self._stage + 1} of {n} ({nxt.get('name')}):\n{nxt['instruction']}"
 
     def _lines(self, path: str, content: str) -> list[str]:
         """Lines of a file, cached while its content stays the same object (views are frequent)."""
@@ -369,6 +402,17 @@ def _split_lines(text: str) -> list[str]:
 
 def _count_lines(text: str) -> int:
     return len(_split_lines(text))
+
+
+def steps_reward(results: Sequence[bool], strategy: str = "mean") -> float:
+    """A multi-step task's reward from its graded steps' (each 1.0 or 0.0), as Harbor derives a trial's:
+    ``mean`` over the steps that were graded (steps a failed ``min_reward`` skipped are left out),
+    ``final`` the last graded step's; 0.0 when none was graded."""
+    if strategy not in ("mean", "final"):
+        raise ValueError(f"steps_reward: expected 'mean' or 'final', got {strategy!r}")
+    if not results:
+        return 0.0
+    return float(results[-1]) if strategy == "final" else sum(map(float, results)) / len(results)
 
 
 def format_report(report: TestReport) -> str:

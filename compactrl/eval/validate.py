@@ -42,9 +42,13 @@ def not_gradable(task: Task) -> str | None:
     reason = task.metadata.get("not_gradable")
     if reason:
         return str(reason)
-    if task.source == "terminal-bench" and not task.metadata.get("solution_sh"):
-        return ("no reference solution as published (no solution.sh, solution.yaml or solution/solve.sh): gold cannot "
-                "be run")
+    if task.source == "terminal-bench":
+        steps = task.metadata.get("steps") or [{"name": None, "solution_sh": task.metadata.get("solution_sh")}]
+        for step in steps:
+            if not step.get("solution_sh"):
+                where = f" for step {step['name']}" if step.get("name") else ""
+                return (f"no reference solution as published{where} (no solution.sh, solution.yaml or "
+                        "solution/solve.sh): gold cannot be run")
     return None
 
 

@@ -27,7 +27,8 @@ SOLUTION_FILE = ".compactrl_solution.sh"
 
 
 def gold_calls(task) -> list[ToolCall]:
-    """The tool calls that apply ``task``'s reference solution (``submit`` not included)."""
+    """The tool calls that apply ``task``'s reference solution (the last ``submit`` not included; a
+    multi-step task's steps are separated by the ``submit`` that moves the episode to the next one)."""
     meta = task.metadata
     if task.source == "swebench":
         if task.files:  # the repository's files are known: write the patched files (no git needed inside)
@@ -40,11 +41,17 @@ def gold_calls(task) -> list[ToolCall]:
                  f"&& rm -f {PATCH_FILE}")
         return [ToolCall("create", path=PATCH_FILE, content=meta["gold_patch"]), ToolCall("shell", command=apply)]
     if task.source == "terminal-bench":
-        script = meta.get("solution_sh")
-        if not script:
-            raise ValueError(f"task {task.id!r}: no solution.sh or solution.yaml to run")
-        run = f"bash {SOLUTION_FILE}; __rc=$?; rm -f {SOLUTION_FILE}; exit $__rc"
-        return [ToolCall("create", path=SOLUTION_FILE, content=script), ToolCall("shell", command=run)]
+        steps = meta.get("steps") or [{"name": None, "solution_sh": meta.get("solution_sh")}]
+        calls: list[ToolCall] = []
+        for i, step in enumerate(steps):
+            script = step.get("solution_sh")
+            if not script:
+                where = f" step {step['name']!r}" if step.get("name") else ""
+                raise ValueError(f"task {task.id!r}{where}: no solution.sh, solution.yaml or solution/solve.sh to run")
+            run = f"bash {SOLUTION_FILE}; __rc=$?; rm -f {SOLUTION_FILE}; exit $__rc"
+            calls += [*([ToolCall("submit")] if i else []), ToolCall("create", path=SOLUTION_FILE, content=script),
+                      ToolCall("shell", command=run)]
+        return calls
     if "terminal" in meta:
         from compactrl.envs.generators.terminal import render_solution
 

@@ -261,13 +261,3 @@ def test_a_1x_task_needs_tests_or_a_run_tests_script(tmp_path) -> None:
     os.remove(os.path.join(folder, "run-tests.sh"))
     with pytest.raises(TerminalBenchError, match="no tests/ folder with the task's tests and no run-tests.sh"):
         load_task_dir(folder)
-
-
-def test_a_multi_step_harbor_task_is_refused_with_its_steps_named(tmp_path) -> None:
-    folder = str(tmp_path / "multi")
-    shutil.copytree(TOML_TASK, folder)
-    with open(os.path.join(folder, "task.toml"), "a") as fh:
-        fh.write('\n[[steps]]\nname = "1_build"\n\n[[steps]]\nname = "2_extend"\n')
-    with pytest.raises(TerminalBenchError, match=r"task.toml: steps: a multi-step task \(2 steps: 1_build, 2_extend\) "
-                                                  "is not supported"):
-        load_task_dir(folder)

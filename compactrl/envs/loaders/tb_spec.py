@@ -27,7 +27,8 @@ YAML_KEYS = {"instruction", "descriptions", "author_name", "author_email", "diff
              "junior_time_estimate_min", "test_scripts"}
 # task.toml tables of Terminal-Bench 2.x and their keys (None: free-form).
 TOML_KEYS: dict[str, set[str] | None] = {
-    "version": set(), "source": set(), "metadata": None, "agent": {"timeout_sec"},
+    "version": set(), "schema_version": set(), "source": set(), "task": None, "metadata": None,
+    "steps": None, "multi_step_reward_strategy": set(), "agent": {"timeout_sec"},
     "verifier": {"timeout_sec", "env", "user", "environment_mode", "environment"}, "solution": {"env"},
     "environment": {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage", "storage_mb",
                     "gpus", "gpu_types", "allow_internet", "workdir", "mcp_servers", "env"},
@@ -69,6 +70,16 @@ class TaskSpec:
     """2.x ``[environment] memory_mb`` (or ``memory``): the task's memory."""
     storage_mb: int | None = None
     """2.x ``[environment] storage_mb`` (or ``storage``)."""
+    steps: list[TaskSpec] = field(default_factory=list)
+    """A multi-step 2.x task's steps, in order (empty for one step): each a spec of its own whose
+    ``folder`` is ``steps/<name>`` (its ``instruction.md``, ``tests/``, ``solution/``), sharing the
+    task's environment (``dockerfile``, ``context``, ``workdir``)."""
+    step_name: str | None = None
+    """This step's name (``[[steps]] name``), for a step of a multi-step task."""
+    min_reward: float | None = None
+    """``[[steps]] min_reward``: the remaining steps are skipped when this step's reward is below it."""
+    reward_strategy: str = "mean"
+    """``multi_step_reward_strategy``: the task's reward from its steps' (``mean``, Harbor's default, or ``final``)."""
 
 
 def _walk(root: str) -> list[str]:
@@ -261,11 +272,8 @@ def _read_toml(folder: str) -> TaskSpec:
     path = os.path.join(folder, "task.toml")
     spec = _load_toml(path)
     ignored = _toml_unknown(path, spec)
-    if spec.get("steps"):  # Harbor's multi-step tasks: steps/<name>/{instruction.md,tests/,solution/}
-        steps = spec["steps"] if isinstance(spec["steps"], list) else []
-        names = ", ".join(str(s.get("name")) for s in steps if isinstance(s, dict))
-        raise TerminalBenchError(f"{path}: steps: a multi-step task ({len(steps)} steps: {names}) is not supported: an "
-                                 "episode here has one instruction and one verifier")
+    if spec.get("steps") is not None:  # Harbor's multi-step tasks: steps/<name>/{instruction.md,tests/,solution/}
+        return _read_steps(folder, path, spec, ignored)
     instruction = _text(os.path.join(folder, "instruction.md"))
     if not instruction or not instruction.strip():
         raise TerminalBenchError(f"{os.path.join(folder, 'instruction.md')}: instruction: missing or empty")
@@ -290,3 +298,73 @@ def _read_toml(folder: str) -> TaskSpec:
     if os.path.isfile(dockerfile):
         out.dockerfile, out.context = dockerfile, os.path.dirname(dockerfile)
     return out
+
+
+_STEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+STEP_KEYS = {"name", "agent", "verifier", "min_reward", "healthcheck", "artifacts", "inherit_prior_session",
+             "dependencies"}
+
+
+def _read_steps(folder: str, path: str, spec: dict, ignored: list[str]) -> TaskSpec:
+    """A multi-step task (Harbor's ``[[steps]]``): the task's spec, its environment read as a one-step
+    task's, with one spec per step (``steps/<name>/instruction.md``, ``tests/test.sh``, ``solution/``;
+    agent and verifier timeouts of the step, else of the task). The agent keeps one session across the
+    steps (as Harbor runs them); a step whose reward is below its ``min_reward`` ends the task."""
+    raw = spec["steps"]
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, dict) for s in raw):
+        raise TerminalBenchError(f"{path}: steps: expected one or more [[steps]] tables, got {raw!r}")
+    strategy = spec.get("multi_step_reward_strategy") or "mean"
+    if strategy not in ("mean", "final"):
+        raise TerminalBenchError(f"{path}: multi_step_reward_strategy: expected 'mean' or 'final', got {strategy!r}")
+    env, meta = spec.get("environment", {}), spec.get("metadata", {})
+    agent_s = _seconds(path, "agent.timeout_sec", spec.get("agent", {}).get("timeout_sec"), DEFAULT_AGENT_TIMEOUT_S)
+    verifier_s = _seconds(path, "verifier.timeout_sec", spec.get("verifier", {}).get("timeout_sec"),
+                          HARBOR_VERIFIER_TIMEOUT_S)
+    verifier_env = _env_table(path, "verifier.env", spec.get("verifier", {}).get("env"))
+    dockerfile = os.path.join(folder, "environment", "Dockerfile")
+    shared = dict(version=2, workdir=env.get("workdir"), docker_image=env.get("docker_image"),
+                  info={k: meta[k] for k in INFO_KEYS if k in meta} | {"allow_internet": env.get("allow_internet")},
+                  memory_mb=_size_mb(path, "environment", env, "memory"),
+                  storage_mb=_size_mb(path, "environment", env, "storage"),
+                  **({"dockerfile": dockerfile, "context": os.path.dirname(dockerfile)} if os.path.isfile(dockerfile)
+                     else {}))
+    steps, seen = [], set()
+    for i, step in enumerate(raw):
+        name = step.get("name")
+        where = f"steps[{i}]"
+        if not isinstance(name, str) or not _STEP_NAME.fullmatch(name) or ".." in name:
+            raise TerminalBenchError(f"{path}: {where}.name: expected a folder name under steps/, got {name!r}")
+        if name.casefold() in seen:
+            raise TerminalBenchError(f"{path}: {where}.name: {name!r} is used by another step")
+        seen.add(name.casefold())
+        ignored += _unknown(path, step, STEP_KEYS, f"{where}.")
+        sub = os.path.join(folder, "steps", name)
+        instruction = _text(os.path.join(sub, "instruction.md"))
+        if not instruction or not instruction.strip():
+            raise TerminalBenchError(f"{sub}/instruction.md: instruction: missing or empty")
+        gate = step.get("min_reward")
+        if isinstance(gate, dict):  # per reward key: rewards are read as one verdict here, so the largest
+            gate = max((v for v in gate.values() if isinstance(v, (int, float))), default=None)
+        if gate is not None and (isinstance(gate, bool) or not isinstance(gate, (int, float))):
+            raise TerminalBenchError(f"{path}: {where}.min_reward: expected a number, got {gate!r}")
+        one = TaskSpec(folder=sub, instruction=instruction.strip(),
+                       agent_timeout_s=_seconds(path, f"{where}.agent.timeout_sec",
+                                                (step.get("agent") or {}).get("timeout_sec"), agent_s),
+                       test_timeout_s=_seconds(path, f"{where}.verifier.timeout_sec",
+                                               (step.get("verifier") or {}).get("timeout_sec"), verifier_s),
+                       solution=_text(os.path.join(sub, "solution", "solve.sh")), step_name=name,
+                       min_reward=None if gate is None else float(gate), **shared)
+        one.verifier_env = verifier_env
+        _tests(one)
+        one.test_sh = _text(os.path.join(sub, "tests", "test.sh"))
+        if one.test_sh is None:
+            raise TerminalBenchError(f"{sub}/tests/test.sh: tests: missing (each step grades with its tests/test.sh)")
+        steps.append(one)
+    first = steps[0]
+    out = TaskSpec(folder=folder, instruction=first.instruction, agent_timeout_s=sum(s.agent_timeout_s for s in steps),
+                   test_timeout_s=first.test_timeout_s, solution=first.solution, test_files=first.test_files,
+                   test_sh=first.test_sh, steps=steps, reward_strategy=strategy, **shared)
+    out.ignored_keys = ignored
+    out.verifier_env = verifier_env
+    return out
+

@@ -331,24 +331,34 @@ def _solution_with_files(spec: TaskSpec, limit: int) -> str | None:
 
 
 def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Task:
-    """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring)."""
+    """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring). A multi-step 2.x
+    task starts with its first step (``instruction``, ``check``); ``metadata["steps"]`` holds every step's
+    name, instruction, check, reference solution and ``min_reward``, and ``metadata["steps_reward"]`` how
+    the task's reward comes from theirs (the env runs them in one episode: :mod:`compactrl.envs.code_env`)."""
     config = config or TerminalBenchConfig()
     spec = read_spec(folder)
+    steps = spec.steps or [spec]
     files, skipped, facts = task_files(spec, config.max_file_bytes)
     # the local backend runs a verifier's `uvx ... pytest` offline (offline_uvx); the docker backend's image
     # has the uvx the script expects
     rewrite = offline_uvx if config.backend == "local" else (lambda text: text)
-    hidden = _hidden(spec, config.max_file_bytes, rewrite)
-    mode, note = _grading(spec, config, rewrite)
+    gradings = [_grading(one, config, rewrite) for one in steps]
+    mode, note = gradings[0]
     meta: dict[str, Any] = {
         "terminal_bench": {**spec.info, "version": spec.version},
-        "solution_sh": _solution_with_files(spec, config.max_file_bytes),
+        "solution_sh": _solution_with_files(steps[0], config.max_file_bytes),
         "task_dir": os.path.abspath(folder),
         "skipped_files": skipped,
         "image_only": facts.image_only,
         "grading": mode,
         "ignored_keys": spec.ignored_keys,
     }
+    if spec.steps:
+        meta["steps"] = [{"name": one.step_name, "instruction": one.instruction, "min_reward": one.min_reward,
+                          "time_limit_s": one.agent_timeout_s, "grading": g[0],
+                          "solution_sh": _solution_with_files(one, config.max_file_bytes)}
+                         for one, g in zip(steps, gradings)]
+        meta["steps_reward"] = spec.reward_strategy
     if note:
         meta["grading_note"] = note
     if config.use_dockerfile_workdir and facts.workdir:
@@ -363,14 +373,22 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     # running when the tests run
     meta["keep_background"] = True
     _local_build(spec, facts, files, config, meta)
-    if mode == "script" and note and not meta.get("not_gradable"):
-        # no sandbox here has a network at test time, and without tests/ no pytest run can stand for it
-        meta["not_gradable"] = f"needs network at test time: {note}, and the task has no tests/ for pytest to run instead"
-    if meta.get("tests_moved"):
-        _tests_in_workdir(spec, hidden, meta["workdir"], config.max_file_bytes)
+    for one, (step_mode, step_note) in zip(steps, gradings):
+        if step_mode == "script" and step_note and not meta.get("not_gradable"):
+            # no sandbox here has a network at test time, and without tests/ no pytest run can stand for it
+            where = f"step {one.step_name}: " if spec.steps else ""
+            meta["not_gradable"] = (f"needs network at test time: {where}{step_note}, and the task has no tests/ for "
+                                    "pytest to run instead")
+    checks = []
+    for one, (step_mode, _) in zip(steps, gradings):
+        hidden = _hidden(one, config.max_file_bytes, rewrite)
+        if meta.get("tests_moved"):
+            _tests_in_workdir(one, hidden, meta["workdir"], config.max_file_bytes)
+        checks.append(_check(one, config, hidden, step_mode, meta.get("workdir"), bool(meta.get("tests_moved"))))
+    for entry, check in zip(meta.get("steps", ()), checks):
+        entry["check"] = dataclasses.asdict(check)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
-                files=files, check=_check(spec, config, hidden, mode, meta.get("workdir"), bool(meta.get("tests_moved"))),
-                max_turns=config.max_turns,
+                files=files, check=checks[0], max_turns=config.max_turns * len(steps),
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
                 source="terminal-bench", metadata=meta)
     if config.prepare and "build" in meta.get("local_build", {}):
@@ -398,28 +416,36 @@ def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
             "timeout_s": config.command_timeout_s or max(180, int(spec.agent_timeout_s or 0))}
 
 
+def _solutions(meta: dict) -> str | None:
+    """The reference solution's script, every step's for a multi-step task."""
+    if "steps" not in meta:
+        return meta.get("solution_sh")
+    return "\n".join(filter(None, (step["solution_sh"] for step in meta["steps"]))) or None
+
+
 def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
     """``metadata["local_build"]``: how the local backend replays the Dockerfile (``{"build": plan}``),
     or why it cannot (``{"error": "needs its image: <the step>"}``); nothing when there is nothing to replay."""
     plan, why = None, None
     if spec.dockerfile:
         digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
-        tests = "\n".join(filter(None, [spec.run_tests, spec.test_sh, *(
-            _text(os.path.join(spec.folder, "tests", rel)) for rel in spec.test_files if rel.endswith(".sh"))]))
+        tests = "\n".join(filter(None, [text for one in spec.steps or [spec] for text in [
+            one.run_tests, one.test_sh, *(_text(os.path.join(one.folder, "tests", rel)) for rel in one.test_files
+                                          if rel.endswith(".sh"))]]))
         # what the test scripts install at test time is installed at prepare (a noop's tests have it too);
         # what only the reference solution installs goes to a wheelhouse its `pip install` reads offline
         wanted = solution_requirements(tests)
-        wheels = [r for r in solution_requirements(meta.get("solution_sh")) if r not in wanted]
+        wheels = [r for r in solution_requirements(_solutions(meta)) if r not in wanted]
         cache = config.download_cache or os.environ.get("COMPACTRL_DOWNLOAD_CACHE") or None
         plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted,
                                solution_wheels=wheels, git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
-    fetch = solution_network(meta.get("solution_sh"))
+    fetch = solution_network(_solutions(meta))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
-    moves = _tests_move_tests_dir(spec)
+    moves = next(filter(None, map(_tests_move_tests_dir, spec.steps or [spec])), None)
     if moves and facts.workdir and config.use_dockerfile_workdir and config.backend != "docker":
         # run from a plain folder in the work dir, which the tests can move (see _tests_in_workdir)
         meta["tests_moved"] = moves
@@ -427,12 +453,12 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if moves and not why:
         plan, why = None, (f"needs its image: its tests move /tests away ({moves}), a mount point in the local "
                            "sandbox (a plain folder in the image)")
-    writes = solution_system_writes(meta.get("solution_sh"))
+    writes = solution_system_writes(_solutions(meta))
     if writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
                            f"({writes}); the local sandbox's shell is unprivileged")
-    packages = apt_packages(facts.steps, [meta.get("solution_sh")])
-    go_why, toolchain = _go_toolchain(spec, packages, files, meta.get("solution_sh"), config)
+    packages = apt_packages(facts.steps, [_solutions(meta)])
+    go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
     if go_why:
         plan, why = None, go_why
     elif missing := [p for p in packages if not _host_has_package(p)]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from compactrl.envs.task import Task
+from compactrl.envs.task import Check, Task
 
 
 class SandboxError(RuntimeError):
@@ -69,8 +69,9 @@ class Sandbox(Protocol):
     def exec(self, command: str, timeout_s: float | None = None) -> ExecResult:
         """Run a shell command in the work dir (sim: a documented subset)."""
 
-    def run_tests(self) -> TestReport:
-        """Run the task's check (writing its hidden files first) and report the verdict."""
+    def run_tests(self, check: Check | None = None) -> TestReport:
+        """Run ``check`` (default: the task's; a multi-step task's later steps give theirs), writing its
+        hidden files first, and report the verdict."""
 
     def close(self) -> None:
         """Release everything (processes, containers, temp dirs). Idempotent."""

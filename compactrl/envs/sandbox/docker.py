@@ -46,7 +46,7 @@ from compactrl.envs.sandbox._common import (
 )
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.envs.sandbox.base_images import GRADER_DIR, dockerfile_bases
-from compactrl.envs.task import Task
+from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
 
@@ -799,10 +799,10 @@ class DockerSandbox:
         self._exec_raw(["rm", "-f", "--", self._abs(rel)])
 
     # ---------------------------------------------------------------------------------- tests
-    def run_tests(self) -> TestReport:
+    def run_tests(self, check: Check | None = None) -> TestReport:
         if self.task is None:
             raise SandboxError("the docker sandbox is not started (call start(task) first)")
-        check = self.task.check
+        check = check or self.task.check
         before: dict[str, bytes | None] = {}
         for path in check.hidden_files:
             rel = work_rel(path)

@@ -51,7 +51,7 @@ from compactrl.envs.sandbox._common import (
 )
 from compactrl.envs.sandbox._hostfs import HostWorkDir, copy_tree
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
-from compactrl.envs.task import Task
+from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
 
@@ -870,10 +870,10 @@ class LocalSandbox:
         return self._files().list_files()
 
     # ---------------------------------------------------------------------------------- tests
-    def run_tests(self) -> TestReport:
+    def run_tests(self, check: Check | None = None) -> TestReport:
         if self.task is None:
             raise SandboxError("the local sandbox is not started (call start(task) first)")
-        check = self.task.check
+        check = check or self.task.check
         try:
             before = self._install_hidden(check.hidden_files)
         except OSError as e:  # the agent put something in the way (a directory, a symlink out)

@@ -9,12 +9,13 @@ delegates to the sim shell (:mod:`compactrl.envs.shell_sim`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.envs.sandbox.static_pytest import judge_code_task
-from compactrl.envs.task import Task
+from compactrl.envs.task import Check, Task
 from compactrl.envs.tools import normalize_path
 
 Judge = Callable[[Task, dict[str, str]], TestReport]
@@ -101,8 +102,10 @@ class SimSandbox:
         self._paths_version += 1
         return self._shell(self._files, command, timeout_s=timeout_s)
 
-    def run_tests(self) -> TestReport:
+    def run_tests(self, check: Check | None = None) -> TestReport:
         task = self._require_task()
+        if check is not None:
+            task = dataclasses.replace(task, check=check)
         blocked = self._blocked_hidden_path(task)
         if blocked:  # as the real backends: the test files cannot be installed, nothing runs
             return TestReport((), (), f"could not install the test files: {blocked}; the tests did not run", False)
