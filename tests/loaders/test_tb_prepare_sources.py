@@ -238,3 +238,41 @@ def test_the_solutions_packages_are_in_a_wheelhouse_noop_does_not_see(tmp_path, 
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"]
     assert "No module named 'compactrl_fixture_pkg'" in noop["info"]["test_output"]
+
+
+def _gen_task(tmp_path) -> str:
+    """The official set's pattern: COPY a generator, RUN it, RUN rm it (the image's final state lacks it)."""
+    folder = tmp_path / "generated"
+    write_tb_task(folder, instruction="Print the key from keys.txt to answer.txt.",
+                  dockerfile="FROM python:3.11-slim\nWORKDIR /app\nCOPY task-deps/* /app\nRUN python3 gen.py\n"
+                             "RUN rm gen.py\n",
+                  solution="cp /app/keys.txt /app/answer.txt\n",
+                  tests="import os\n\ndef test_answer():\n    assert not os.path.exists('/app/gen.py')\n"
+                        "    assert open('/app/answer.txt').read() == 'k-42\\n'\n")
+    (folder / "task-deps").mkdir()
+    (folder / "task-deps" / "gen.py").write_text("open('keys.txt', 'w').write('k-42\\n')\n")
+    (folder / "task-deps" / "notes.txt").write_text("kept\n")
+    return str(folder)
+
+
+@pytest.mark.timeout(300)
+@needs_local
+def test_a_copied_file_a_later_step_removes_is_there_for_the_steps_between(tmp_path, cache) -> None:
+    folder = _gen_task(tmp_path)
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
+    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    assert sorted(task.files) == ["notes.txt"]  # the image's final state: gen.py removed
+    work = os.path.join(task.metadata["local_state"], "work")
+    assert os.path.isfile(os.path.join(work, "keys.txt")) and not os.path.exists(os.path.join(work, "gen.py"))
+    gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    assert not noop["success"]
+
+
+def test_a_copy_of_a_file_the_folder_lacks_is_named(tmp_path) -> None:
+    folder = _gen_task(tmp_path)
+    with open(os.path.join(folder, "Dockerfile"), "a") as fh:
+        fh.write("COPY weights.pt /app/\n")
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"] == ("the task's files are incomplete: COPY weights.pt names nothing in the "
+                                             "build context (its image cannot be built from these files either)")

@@ -195,3 +195,40 @@ def test_go_mod_tidy_of_standard_library_code_needs_no_network() -> None:
     assert tlb.solution_network(std + "go mod tidy\ngo build .\n") is None
     assert tlb.solution_network(std.replace('"net/http"', '"github.com/gorilla/mux"') + "go mod tidy\n") == "go mod"
     assert tlb.solution_network("go mod init x\ngo build .\n") is None
+
+
+def test_a_release_published_as_source_only_is_built_from_it(monkeypatch) -> None:
+    # pip, as it answers --only-binary=:all: for construct 2.10.68 (no wheel of that release on PyPI)
+    calls = []
+
+    class Done:
+        def __init__(self, rc, err=""):
+            self.returncode, self.stdout, self.stderr = rc, "", err
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        if "--no-binary=construct" in cmd:
+            return Done(0)
+        return Done(1, "ERROR: Could not find a version that satisfies the requirement construct==2.10.68 (from "
+                       "versions: 2.8.10, 2.10.69)\nERROR: No matching distribution found for construct==2.10.68")
+
+    monkeypatch.setattr(tlb.subprocess, "run", fake_run)
+    kinds = {("construct", "2.10.68"): {"sdist"}, ("numpy", "1.21.0"): {"sdist", "wheel"}}
+    monkeypatch.setattr(tlb, "pypi_file_kinds", lambda name, version: kinds.get((name, version), set()))
+    assert tlb._pip_wheels("download", ["-d", "/x", "flask==3.1.1", "construct==2.10.68"], 60, 2) is None
+    assert len(calls) == 2 and "--only-binary=:all:" in calls[1] and "--no-binary=construct" in calls[1]
+    # a release that has wheels, none for this Python, is not compiled here
+    calls.clear()
+    monkeypatch.setattr(tlb.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or Done(
+        1, "ERROR: No matching distribution found for numpy==1.21.0"))
+    assert tlb._pip_wheels("install", ["--target", "/x", "numpy==1.21.0"], 60, 1).startswith("pip failed here:")
+    assert len(calls) == 1
+    assert not tlb._sdist_only("construct", ["construct>=2.10"])  # not pinned: not looked up
+
+
+def test_a_pip_install_from_another_index_is_named() -> None:
+    steps = [{"op": "run", "command": "pip install torch==2.6.0+cpu --index-url https://download.pytorch.org/whl/cpu",
+              "workdir": "/"}]
+    why = tlb.plan(steps, {}, "", "/app", "k")[1]
+    assert why.endswith("(pip install from the package index https://download.pytorch.org/whl/cpu (not PyPI, which "
+                        "prepare installs from))")

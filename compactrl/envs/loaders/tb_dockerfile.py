@@ -39,6 +39,9 @@ class DockerfileFacts:
     """Paths ``RUN rm`` removes; the copies before it that they hit are already dropped."""
     image_only: list[str] = field(default_factory=list)
     """Steps only a built image honours, one reason each."""
+    missing: list[str] = field(default_factory=list)
+    """``COPY`` sources that match nothing in the build context (the engine's build fails on them too:
+    a copy of the task without a large file, say)."""
     inline: dict[str, str] = field(default_factory=dict)
     """``COPY <<EOT /dest`` heredocs: absolute destination -> content (their copies' source is
     :data:`INLINE` + the destination)."""
@@ -152,10 +155,12 @@ def read_dockerfile(path: str, context: str) -> DockerfileFacts:
         elif keyword == "ENV":
             facts.steps.append({"op": "env", "vars": _env_pairs(rest)})
         elif keyword in ("COPY", "ADD"):
-            before = len(facts.copies), len(facts.image_only)
+            before = len(facts.copies), len(facts.image_only), len(facts.missing)
             _copy(facts, context, rest, workdir, keyword)
             if len(facts.image_only) > before[1]:
                 facts.steps.append({"op": "other", "text": f"{keyword} {rest[:200]}"})
+            for src in facts.missing[before[2]:]:
+                facts.steps.append({"op": "missing", "text": f"{keyword} {src}"})
             pairs = [list(p) for p in facts.copies[before[0]:]]
             step = {"op": "copy", "pairs": pairs}
             inline = {d: facts.inline[d] for src, d in pairs if src.startswith(INLINE)}
@@ -237,4 +242,7 @@ def _copy(facts: DockerfileFacts, context: str, rest: str, workdir: str, keyword
         if src.startswith(("http://", "https://")):
             facts.image_only.append(f"{keyword} {src} (a download)")
             continue
-        facts.copies += _expand(context, src, absolute, len(sources) > 1)
+        found = _expand(context, src, absolute, len(sources) > 1)
+        if not found:
+            facts.missing.append(src)
+        facts.copies += found

@@ -156,6 +156,10 @@ def _pip_requirements(words: list[str], files: dict[str, str], context: str) -> 
         if w in ("-e", "--editable") or (not w.startswith("-") and (w.startswith((".", "/")) or "/" in w
                                                                        and "://" not in w and "@" not in w)):
             return None, f"pip install of a local project ({w})"
+        if w in ("-i", "--index-url") and i + 1 < len(words) and "pypi.org" not in words[i + 1] \
+                or w.startswith("--index-url=") and "pypi.org" not in w:
+            index = words[i + 1] if "=" not in w else w.split("=", 1)[1]
+            return None, f"pip install from the package index {index} (not PyPI, which prepare installs from)"
         if w.startswith("-"):
             i += 2 if w in takes_value else 1
             continue
@@ -799,11 +803,18 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         op = step["op"]
         if op == "other":
             return None, f"needs its image: {step['text'][:160]}"
+        if op == "missing":
+            return None, (f"the task's files are incomplete: {step['text'][:160]} names nothing in the build context "
+                          "(its image cannot be built from these files either)")
         if op == "env":
             for name, value in step["vars"].items():
                 env[name] = _expand(value, env)
         elif op == "copy":
             outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
+            # a copy into the work dir that a later `RUN rm` removes is not among the task's files (the
+            # image's final state lacks it), but the steps between use it (`RUN python3 gen.py` then
+            # `RUN rm gen.py`): replayed in its place, and the replayed `rm` removes it
+            outside += [p for p in step["pairs"] if workdir and p[1].startswith(root) and p[1][len(root):] not in files]
             if any(p[1].strip("/").split("/")[0] in _SYSTEM_TOPS for p in outside):
                 out.root_layer = True
             if outside:
@@ -1262,19 +1273,70 @@ def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
     return {k: v.replace("__SITE__", site) for k, v in env.items()}
 
 
+# pip's words for a requirement it found no distribution of (with --only-binary: no wheel)
+_NO_DISTRIBUTION = re.compile(r"(?:satisfies the requirement|No matching distribution found for) ([A-Za-z0-9][\w.-]*)")
+
+
 def _pip_wheels(verb: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
-    """``pip <verb>`` of wheels only (``--only-binary=:all:``); ``None`` when it worked, else why not:
-    ``"timed out after Ns"`` or ``"pip failed here: <last lines>"``."""
-    cmd = [sys.executable, "-m", "pip", verb, "--no-input", "--disable-pip-version-check", "--quiet",
-           "--only-binary=:all:", *args]
+    """``pip <verb>`` of wheels (``--only-binary=:all:``); ``None`` when it worked, else why not:
+    ``"timed out after Ns"`` or ``"pip failed here: <last lines>"``. A package with no wheel at all
+    (only a source distribution, as many older pure-Python releases: ``construct==2.10.68``) is then
+    taken from its source (``--no-binary=<name>``, one package at a time, at most 5), as the image's pip
+    would build it; a package that has wheels but none for this interpreter still fails (numpy 1.21 on
+    Python 3.11 is the image's, not something to compile here for half an hour)."""
+    sources: list[str] = []
+    while True:
+        cmd = [sys.executable, "-m", "pip", verb, "--no-input", "--disable-pip-version-check", "--quiet",
+               "--only-binary=:all:", *(f"--no-binary={name}" for name in sources), *args]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {timeout_s:g}s"
+        if res.returncode == 0:
+            return None
+        output = res.stdout + res.stderr
+        missing = _NO_DISTRIBUTION.search(output)
+        name = missing.group(1) if missing else None
+        if name is None or name in sources or len(sources) >= 5 or not _sdist_only(name, args):
+            tail = output.strip().splitlines()[-tail_lines:]
+            return f"pip failed here: {' | '.join(tail)[-300:]}"
+        sources.append(name)
+
+
+def _sdist_only(name: str, args: list[str]) -> bool:
+    """Whether the release of ``name`` pinned in ``args`` (``name==V``) is published as a source
+    distribution only (PyPI's JSON API: no wheel among its files)."""
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    pins = [a.split("==", 1)[1].strip() for a in args
+            if "==" in a and re.sub(r"[-_.]+", "-", re.split(r"[=<>!~\[ ;]", a, maxsplit=1)[0]).lower() == key]
+    if not pins:
+        return False
+    kinds = pypi_file_kinds(name, pins[0])
+    return bool(kinds) and kinds <= {"sdist"}
+
+
+def pypi_file_kinds(name: str, version: str, timeout_s: float = 30.0) -> set[str]:
+    """The kinds (``sdist``, ``wheel``) of a release's files on PyPI (its simple index, JSON form of
+    PEP 691); empty when unknown."""
+    import urllib.error
+    import urllib.request
+
+    project = re.sub(r"[-_.]+", "-", name).lower()
+    request = urllib.request.Request(f"https://pypi.org/simple/{project}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"timed out after {timeout_s:g}s"
-    if res.returncode != 0:
-        tail = (res.stdout + res.stderr).strip().splitlines()[-tail_lines:]
-        return f"pip failed here: {' | '.join(tail)[-300:]}"
-    return None
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            data = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError):
+        return set()
+    stem = re.sub(r"[-_.]+", "_", project)
+    kinds = set()
+    for f in data.get("files") or ():
+        filename = re.sub(r"[-_.]+", "_", str(f.get("filename", "")).lower())
+        if filename.startswith(f"{stem}_{re.sub(r'[-_.]+', '_', version.lower())}_") or \
+                filename in (f"{stem}_{re.sub(r'[-_.]+', '_', version.lower())}_tar_gz",):
+            kinds.add("wheel" if str(f.get("filename")).endswith(".whl") else "sdist")
+    return kinds
 
 
 def _pip_wheels_into(target: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
@@ -1288,6 +1350,17 @@ def _pip_download(dest: str, reqs: list[str], timeout_s: float) -> str | None:
     why = _pip_wheels("download", ["-d", dest, *reqs], timeout_s, 3)
     if why is not None:
         return why
+    # a release published as source only (see _pip_wheels) becomes a wheel here, where its build tools can
+    # be fetched: the episode's pip installs from the wheelhouse with no index
+    for name in sorted(os.listdir(dest)):
+        if name.endswith((".tar.gz", ".zip", ".tar.bz2")):
+            sdist = os.path.join(dest, name)
+            project = re.match(r"(.+?)-\d", name)
+            why = _pip_wheels("wheel", ["--no-deps", f"--no-binary={project.group(1) if project else ':all:'}", "-w",
+                                        dest, sdist], timeout_s, 3)
+            if why is not None:
+                return f"building {name}: {why}"
+            os.remove(sdist)
     os.chmod(dest, 0o755)
     for name in os.listdir(dest):
         os.chmod(os.path.join(dest, name), 0o644)
