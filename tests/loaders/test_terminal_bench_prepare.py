@@ -232,3 +232,11 @@ def test_a_pip_install_from_another_index_is_named() -> None:
     why = tlb.plan(steps, {}, "", "/app", "k")[1]
     assert why.endswith("(pip install from the package index https://download.pytorch.org/whl/cpu (not PyPI, which "
                         "prepare installs from))")
+
+
+def test_redirections_are_neither_separators_nor_arguments() -> None:
+    assert tlb.split_segments("pip3 install -q pytest==8.4.1 2>&1 | tail -20 || true") == [
+        ("pip3 install -q pytest==8.4.1 2>&1 ", "|"), (" tail -20 ", "||"), (" true", "")]
+    assert [sep for _, sep in tlb.split_segments("a &> log & b >&2; c >| f && d |& e")] == ["&", ";", "&&", "|&", ""]
+    assert tlb.solution_requirements("pip install 'numpy>=1.2' > /dev/null 2> err.txt scipy 2>&1\n") == [
+        "numpy>=1.2", "scipy"]

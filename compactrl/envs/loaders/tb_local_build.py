@@ -67,7 +67,7 @@ _NOOP = {"chown", "mandb", "useradd", "adduser", "groupadd", "addgroup", "usermo
 _GIT_NETWORK = {"clone", "fetch", "pull", "submodule", "ls-remote"}
 _CARGO_NETWORK = {"install", "fetch", "update", "add", "search", "publish"}
 _GO_NETWORK = {"install", "get", "mod"}
-_SEPARATORS = ("&&", "||", ";", "|", "\n", "&")
+_SEPARATORS = ("&&", "||", "|&", ";", "|", "\n", "&")
 
 
 @dataclass
@@ -101,6 +101,8 @@ def split_segments(command: str) -> list[tuple[str, str]]:
             depth = max(0, depth - 1)
         elif depth == 0:
             sep = next((s for s in _SEPARATORS if command.startswith(s, i)), None)
+            if sep in ("&", "|") and (command[i - 1:i] in (">", "<") or command.startswith("&>", i)):
+                sep = None  # a redirection (2>&1, >&2, &>file, >|file), not a separator
             if sep:
                 out.append((command[start:i], sep))
                 i += len(sep)
@@ -117,11 +119,22 @@ def script_lines(text: str | None) -> list[str]:
     return re.sub(r"\\\r?\n", " ", text or "").splitlines()
 
 
+_REDIRECTION = re.compile(r"^(?:\d*(?:>>?|<<?|>&|<&|>\|)|&>>?)(.*)$")
+
+
 def _words(text: str) -> list[str]:
     try:
         words = shlex.split(text, comments=False)
     except ValueError:
         words = text.split()
+    kept, skip = [], False
+    for w in words:  # redirections are the shell's, not the command's arguments: `2>&1`, `> /dev/null`
+        m = None if skip else _REDIRECTION.match(w)
+        if skip or m:
+            skip = bool(m) and not m.group(1)  # an operator alone: its target is the next word
+            continue
+        kept.append(w)
+    words = kept
     while words and (re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]) or words[0] in ("sudo", "exec", "command", "nohup",
                                                                                "time", "env")):
         words = words[1:]
