@@ -217,6 +217,9 @@ def test_a_release_published_as_source_only_is_built_from_it(monkeypatch) -> Non
     monkeypatch.setattr(tlb, "pypi_file_kinds", lambda name, version: kinds.get((name, version), set()))
     assert tlb._pip_wheels("download", ["-d", "/x", "flask==3.1.1", "construct==2.10.68"], 60, 2) is None
     assert len(calls) == 2 and "--only-binary=:all:" in calls[1] and "--no-binary=construct" in calls[1]
+    # pinned by a dependency's metadata (solana 0.36.7 requires construct==2.10.68): pip's message names the pin
+    calls.clear()
+    assert tlb._pip_wheels("download", ["-d", "/x", "solana==0.36.7"], 60, 2) is None and len(calls) == 2
     # a release that has wheels, none for this Python, is not compiled here
     calls.clear()
     monkeypatch.setattr(tlb.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or Done(

@@ -1287,7 +1287,8 @@ def _site_env(env: dict[str, str], site: str) -> dict[str, str]:
 
 
 # pip's words for a requirement it found no distribution of (with --only-binary: no wheel)
-_NO_DISTRIBUTION = re.compile(r"(?:satisfies the requirement|No matching distribution found for) ([A-Za-z0-9][\w.-]*)")
+_NO_DISTRIBUTION = re.compile(r"(?:satisfies the requirement|No matching distribution found for) ([A-Za-z0-9][\w.-]*)"
+                              r"(?:\[[^\]]*\])?(==[\w.+!-]+)?")
 
 
 def _pip_wheels(verb: str, args: list[str], timeout_s: float, tail_lines: int) -> str | None:
@@ -1310,7 +1311,9 @@ def _pip_wheels(verb: str, args: list[str], timeout_s: float, tail_lines: int) -
         output = res.stdout + res.stderr
         missing = _NO_DISTRIBUTION.search(output)
         name = missing.group(1) if missing else None
-        if name is None or name in sources or len(sources) >= 5 or not _sdist_only(name, args):
+        # the release named: pinned in the arguments, or by a dependency's metadata (pip prints the pin)
+        pinned = [*args, name + missing.group(2)] if missing and missing.group(2) else args
+        if name is None or name in sources or len(sources) >= 5 or not _sdist_only(name, pinned):
             tail = output.strip().splitlines()[-tail_lines:]
             return f"pip failed here: {' | '.join(tail)[-300:]}"
         sources.append(name)
