@@ -945,7 +945,7 @@ class PrepareError(RuntimeError):
     """A Dockerfile step failed locally; the message is the task's not_gradable reason."""
 
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 """Bumped when how a state is built changes, so no state (nor a failure) of an older build is reused."""
 
 
