@@ -378,6 +378,7 @@ class LocalSandbox:
         self.isolation: str | None = None
         self.session_dir: str | None = None
         self.pid_namespace: str | None = None
+        self._ns_fd: int | None = None
         self.restarts = 0
         self.task: Task | None = None
         self._proc: subprocess.Popen | None = None
@@ -558,6 +559,10 @@ class LocalSandbox:
             raise SandboxError(f"the {self.isolation} sandbox did not start in "
                                f"{self.config.startup_timeout_s}s: {out.text()[-2000:]}")
         self._shell_pid = self._find_shell()
+        self._release_namespace()
+        # Held open until the namespace is reaped: a namespace's id (its inode number) is reused once the
+        # namespace is gone, and another sandbox's namespace that got it would be reaped in its place.
+        self._ns_fd = os.open(f"/proc/{self._shell_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.pid_namespace = os.readlink(f"/proc/{self._shell_pid}/ns/pid")
 
     def _find_shell(self) -> int:
@@ -718,6 +723,7 @@ class LocalSandbox:
                 if stream is not None:
                     stream.close()
             self._reap_namespace()
+        self._release_namespace()
         self._shell_pid = None
         if self._fs is not None:
             self._fs.close()
@@ -725,6 +731,11 @@ class LocalSandbox:
         if self.session_dir is not None:
             _rmtree(self.session_dir)
             self.session_dir = None
+
+    def _release_namespace(self) -> None:
+        if self._ns_fd is not None:
+            os.close(self._ns_fd)
+            self._ns_fd = None
 
     def _reap_namespace(self, wait_s: float = 5.0) -> None:
         """Wait until the pid namespace is empty (killing stragglers), so close() leaves nothing."""
