@@ -45,10 +45,13 @@ def not_gradable(task: Task) -> str | None:
     if task.source == "terminal-bench":
         steps = task.metadata.get("steps") or [{"name": None, "solution_sh": task.metadata.get("solution_sh")}]
         for step in steps:
-            if not step.get("solution_sh"):
-                where = f" for step {step['name']}" if step.get("name") else ""
+            script = step.get("solution_sh") or ""
+            where = f" for step {step['name']}" if step.get("name") else ""
+            if not script:
                 return (f"no reference solution as published{where} (no solution.sh, solution.yaml or "
                         "solution/solve.sh): gold cannot be run")
+            if not any(line.strip() and not line.lstrip().startswith("#") for line in script.splitlines()):
+                return f"no reference solution as published{where}: its script has no command (comments only)"
     return None
 
 

@@ -229,7 +229,7 @@ python -m pytest -rA -p no:cacheprovider /tmp/inline_test.py
 
 def _inline_task(tmp_path, run_tests: str) -> str:
     folder = tmp_path / "inline"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "task.yaml").write_text("instruction: Write 42 to answer.txt.\nparser_name: pytest\n")
     (folder / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
     (folder / "solution.sh").write_text("echo 42 > answer.txt\n")
@@ -251,12 +251,16 @@ def test_a_1x_task_without_tests_folder_is_graded_by_its_run_tests_script(tmp_pa
 
 
 def test_a_network_run_tests_script_without_tests_folder_is_flagged_on_every_backend(tmp_path) -> None:
-    folder = _inline_task(tmp_path, "apt-get update && apt-get install -y gcc\n" + _INLINE_RUN_TESTS)
+    folder = _inline_task(tmp_path, "curl -fsSL https://example.org/cases.csv -o cases.csv\n" + _INLINE_RUN_TESTS)
     for config in (TerminalBenchConfig(), TerminalBenchConfig(backend="local")):
         task = load_task_dir(folder, config)
         assert task.metadata["not_gradable"] == (
-            "needs network at test time: run-tests.sh installs from the network (apt-get), and the task has no "
+            "needs network at test time: run-tests.sh installs from the network (curl), and the task has no "
             "tests/ for pytest to run instead")
+    # an install this machine has already done is no network for the local backend (its script runs offline)
+    offline = _inline_task(tmp_path / "o", "apt-get update && apt-get install -y bash\n" + _INLINE_RUN_TESTS)
+    assert "not_gradable" in load_task_dir(offline).metadata
+    assert "not_gradable" not in load_task_dir(offline, TerminalBenchConfig(backend="local")).metadata
 
 
 def test_a_1x_task_needs_tests_or_a_run_tests_script(tmp_path) -> None:

@@ -134,3 +134,12 @@ def test_validate_names_a_task_published_without_a_reference_solution(tmp_path, 
     assert main(["tasks", "validate", folder, "--backend", "local"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("SKIP  no-solution  terminal") and "no reference solution as published" in out
+
+
+def test_validate_names_a_reference_solution_that_is_only_comments(tmp_path, capsys) -> None:
+    folder = str(tmp_path / "placeholder")
+    shutil.copytree(os.path.join(LOCAL, "python-verifier"), folder)
+    with open(os.path.join(folder, "solution", "solve.sh"), "w") as fh:
+        fh.write("#!/bin/bash\n# This is a template solution script.\n\n# UNKNOWN\n")
+    assert main(["tasks", "validate", folder, "--backend", "local"]) == 1
+    assert "no reference solution as published: its script has no command (comments only)" in capsys.readouterr().out

@@ -243,3 +243,32 @@ def test_redirections_are_neither_separators_nor_arguments() -> None:
     assert [sep for _, sep in tlb.split_segments("a &> log & b >&2; c >| f && d |& e")] == ["&", ";", "&&", "|&", ""]
     assert tlb.solution_requirements("pip install 'numpy>=1.2' > /dev/null 2> err.txt scipy 2>&1\n") == [
         "numpy>=1.2", "scipy"]
+
+
+HARBOR_TEMPLATE = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.9.7/install.sh | sh
+source $HOME/.local/bin/env
+go build -o /app/server . && (/app/server &)
+until curl -s http://localhost:8080/health; do sleep 0.2; done
+uvx \\
+  --with pytest==8.4.1 \\
+  pytest /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_a_verifier_that_installs_what_prepare_installed_runs_as_published(monkeypatch) -> None:
+    # Harbor's template (apt-get curl, astral.sh's uv, uvx pytest) around work of the verifier's own: the
+    # installs are no-ops offline, so its own work (a build, a server) is not skipped by a pytest fallback
+    from compactrl.envs.loaders.terminal_bench import offline_uvx
+
+    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name == "curl")
+    script = offline_uvx(tlb.offline_installs(HARBOR_TEMPLATE))
+    assert "apt-get" not in script and "astral.sh" not in script and ".local/bin/env" not in script
+    assert "go build -o /app/server . && (/app/server &)" in script and "until curl -s http://localhost:8080" in script
+    assert "python3 -m pytest /tests/test_outputs.py -rA" in script
+    # a package this machine lacks, and a here-document's body, stay as written
+    kept = tlb.offline_installs("apt-get install -y gfortran\\ncat > req.txt <<EOF\\npip install x\\nEOF\\n")
+    assert kept == "apt-get install -y gfortran\\ncat > req.txt <<EOF\\npip install x\\nEOF\\n"

@@ -1437,3 +1437,49 @@ def _read_context(task, src: str) -> str | None:
         return None
     with open(path, "rb") as fh:
         return fh.read().decode("utf-8", errors="surrogateescape")
+
+
+_UV_ENV_SOURCE = re.compile(r"""^\s*(?:source|\.)\s+["']?(?:\$HOME|\$\{HOME\}|~|/root)/\.local/bin/env["']?\s*$""")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
+
+
+def offline_installs(script: str) -> str:
+    """A test script with the installs the local backend has already done made no-ops, so the script
+    itself runs offline: ``apt-get update``, an ``apt-get install`` of packages this machine has,
+    ``pip``/``uv pip install`` (what a test script installs is installed at prepare time), astral.sh's
+    uv installer piped to a shell and the ``source $HOME/.local/bin/env`` after it (its ``uvx ... pytest``
+    runs as ``python3 -m pytest``: :func:`~compactrl.envs.loaders.terminal_bench.offline_uvx`). Whatever
+    else fetches stays, and still counts as network. Here-document bodies are left as they are."""
+    out, heredoc = [], None
+    for chunk in re.findall(r"(?:[^\n]*\\\n)*[^\n]*\n?", script):
+        if not chunk:
+            continue
+        if heredoc is not None:
+            out.append(chunk)
+            if chunk.strip() == heredoc:
+                heredoc = None
+            continue
+        end = "\n" if chunk.endswith("\n") else ""
+        logical = re.sub(r"\\\r?\n", " ", chunk[:len(chunk) - len(end)])
+        marker = _HEREDOC.search(logical)
+        if marker:
+            heredoc = marker.group(1)
+        if logical.lstrip().startswith("#") or marker:
+            out.append(chunk)
+            continue
+        if _UV_ENV_SOURCE.match(logical):
+            out.append("true" + end)
+            continue
+        line = _UV_INSTALLER.sub(" true ", logical)
+        pieces, changed = [], line != logical
+        for text, sep in split_segments(line):
+            seg = classify(text, {}, "")
+            name = os.path.basename(seg.words[0]) if seg.words else ""
+            done = (seg.action == "pip"
+                    or (seg.action == "apt" and all(p in SESSION_TOOLS or _host_has_package(p) for p in seg.detail))
+                    or (seg.action == "noop" and name in _APT))
+            pieces.append((" true " if done else text) + sep)
+            changed = changed or done
+        out.append(("".join(pieces) if changed else chunk[:len(chunk) - len(end)]) + end)
+    return "".join(out)
+

@@ -51,6 +51,7 @@ from compactrl.envs.loaders.tb_local_build import (
     digest_of,
     go_requirement,
     host_go_version,
+    offline_installs,
     solution_network,
     solution_requirements,
     solution_system_writes,
@@ -79,6 +80,10 @@ WRITABLE_PATHS = ("/root", "/home", "/opt", "/srv", "/mnt", "/var/tmp", "/var/lo
                   "/tests", "/solution")
 # A test script that fetches packages cannot run offline (the harness's images have the network).
 _NEEDS_NETWORK = re.compile(r"\b(curl|wget|apt-get|apk add|pip3? install|uv (add|pip|sync|init|venv|tool)|uvx)\b")
+# a curl/wget of this machine's own servers (a verifier probing the agent's service) fetches nothing remote
+# (nor does asking whether a tool is there: `which uvx`, `command -v uvx`, `[ -f "$HOME/.local/bin/uvx" ]`)
+_LOCAL_FETCH = re.compile(r"\b(?:curl|wget)\b[^\n|;&]*?(?://|@|\s)(?:localhost|127\.0\.0\.1|0\.0\.0\.0)\b[^\n|;&]*"
+                          r"|\b(?:which|command\s+-v|type)\s+(?:uvx|uv|curl|wget|pip3?)\b|/(?:uvx|uv)[\"']?\s*\]")
 _ABS_TESTS = re.compile(r"(?<![\w./])/tests(?=/|\b)")
 _ABS_LOGS = re.compile(r"(?<![\w./])/logs/verifier(?=/|\b)")
 
@@ -223,7 +228,7 @@ def _grading(spec: TaskSpec, config: TerminalBenchConfig, rewrite=lambda text: t
         scripts += [(f"tests/{rel}", rewrite(_text(os.path.join(spec.folder, "tests", rel)) or ""))
                     for rel in spec.test_files if rel.endswith(".sh") and rel != "test.sh"]
         for name, text in scripts:
-            needs = _NEEDS_NETWORK.search(text)
+            needs = _NEEDS_NETWORK.search(_LOCAL_FETCH.sub("", text))
             if needs and not spec.test_files:  # nothing for pytest to run instead (NO_TESTS_NETWORK)
                 return "script", f"{name} installs from the network ({needs.group(0)})"
             if needs:
@@ -339,9 +344,10 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     spec = read_spec(folder)
     steps = spec.steps or [spec]
     files, skipped, facts = task_files(spec, config.max_file_bytes)
-    # the local backend runs a verifier's `uvx ... pytest` offline (offline_uvx); the docker backend's image
-    # has the uvx the script expects
-    rewrite = offline_uvx if config.backend == "local" else (lambda text: text)
+    # the local backend runs a test script offline: the installs done at prepare are no-ops there
+    # (offline_installs) and `uvx ... pytest` is python3 -m pytest (offline_uvx); the docker backend's image
+    # has what the script expects
+    rewrite = (lambda text: offline_uvx(offline_installs(text))) if config.backend == "local" else (lambda text: text)
     gradings = [_grading(one, config, rewrite) for one in steps]
     mode, note = gradings[0]
     meta: dict[str, Any] = {
