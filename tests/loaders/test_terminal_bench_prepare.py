@@ -272,3 +272,16 @@ def test_a_verifier_that_installs_what_prepare_installed_runs_as_published(monke
     # a package this machine lacks, and a here-document's body, stay as written
     kept = tlb.offline_installs("apt-get install -y gfortran\\ncat > req.txt <<EOF\\npip install x\\nEOF\\n")
     assert kept == "apt-get install -y gfortran\\ncat > req.txt <<EOF\\npip install x\\nEOF\\n"
+
+
+def test_a_solution_that_downloads_from_a_hub_or_a_bucket_needs_the_network() -> None:
+    hub = ('cat > run.py << EOF\nfrom transformers import AutoTokenizer\nMODEL = "Qwen/Qwen2.5-1.5B-Instruct"\n'
+           'tok = AutoTokenizer.from_pretrained(MODEL)\nEOF\npython run.py\n')
+    assert tlb.solution_network(hub) == "from_pretrained('Qwen/Qwen2.5-1.5B-Instruct') (the Hugging Face hub)"
+    assert tlb.solution_network("python -c \"from datasets import load_dataset; load_dataset('org/set')\"") == (
+        "load_dataset('org/set') (the Hugging Face hub)")
+    assert tlb.solution_network("aws s3 cp s3://bucket/data.parquet . --no-sign-request\n") == "aws s3"
+    # a model saved in the work dir, or a local data file, is no download
+    assert tlb.solution_network('m.save_pretrained("/app/model")\nAutoModel.from_pretrained("/app/model")\n'
+                                "load_dataset('csv', data_files='x.csv')\n") is None
+    assert tlb.solution_network('AutoModel.from_pretrained("./model")\n') is None

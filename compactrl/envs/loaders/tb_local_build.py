@@ -60,7 +60,7 @@ _IMAGE_ONLY = {"curl", "wget", "npx", "yarn", "pnpm", "gem", "bundle", "conda", 
                "service", "systemctl", "snap", "brew", "dpkg", "update-alternatives", "locale-gen", "poetry",
                "pdm", "hatch", "conan", "vcpkg", "bun", "deno", "mvn", "gradle", "sbt", "dotnet", "composer",
                "cpan", "cpanm", "R", "Rscript", "julia", "opam", "cabal", "stack", "nix", "git-lfs", "docker",
-               "podman", "mysql", "psql", "redis-server", "mongod", "nginx"}
+               "podman", "mysql", "psql", "redis-server", "mongod", "nginx", "aws", "gsutil", "huggingface-cli"}
 # mandb: the man pages' index cache (no grader reads it)
 _NOOP = {"chown", "mandb", "useradd", "adduser", "groupadd", "addgroup", "usermod", "passwd", "chgrp", "ldconfig",
          "update-ca-certificates"}
@@ -610,7 +610,28 @@ def uv_add_requirements(words: list[str]) -> list[str]:
 
 
 _FETCHERS = {"curl", "wget", "git", "uv", "uvx", "npm", "npx", "yarn", "pnpm", "cargo", "go", "gem", "conda", "pipx",
-             "apk", "yum", "dnf", "rustup", "bun", "deno"}
+             "apk", "yum", "dnf", "rustup", "bun", "deno", "aws", "gsutil", "huggingface-cli"}
+# Python that downloads from the Hugging Face hub: the call, and its first argument (a literal, or a name
+# assigned a literal in the script)
+_HUB_CALL = re.compile(r"\b(from_pretrained|load_dataset|hf_hub_download|snapshot_download)\(\s*"
+                       r"(?:(?:repo_id|pretrained_model_name_or_path|path)\s*=\s*)?(?:['\"]([^'\"]+)['\"]|([A-Za-z_]\w*))")
+
+
+_DATASET_BUILDERS = {"csv", "json", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder", "webdataset",
+                     "sql", "generator"}
+
+
+def _hub_download(script: str) -> str | None:
+    """The first Hugging Face hub download a script's Python makes (``from_pretrained("Qwen/...")``,
+    ``load_dataset(name)`` with ``name = "org/set"``), or None; a path (``/``, ``.``, ``~``) is local."""
+    names = dict(re.findall(r"(?m)^\s*([A-Za-z_]\w*)\s*=\s*['\"]([^'\"]+)['\"]", script))
+    for m in _HUB_CALL.finditer(script):
+        value = m.group(2) if m.group(2) is not None else names.get(m.group(3) or "")
+        if m.group(1) == "load_dataset" and value in _DATASET_BUILDERS:
+            continue  # a loader of local files (`load_dataset("csv", data_files=...)`)
+        if value and not value.startswith(("/", ".", "~", "$")) and not re.search(r"\.(json|csv|parquet|txt|bin)$", value):
+            return f"{m.group(1)}({value!r}) (the Hugging Face hub)"
+    return None
 
 
 def _go_std_only(script: str | None) -> bool:
@@ -644,7 +665,7 @@ def solution_network(script: str | None) -> str | None:
                 missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
                 if missing:
                     return f"apt-get install {' '.join(missing)}, which this machine lacks{INSTALL_HINT}"
-    return None
+    return _hub_download(script or "")
 
 
 _WRITERS = {"cp", "mv", "install", "ln", "tee", "rm", "mkdir", "touch", "sed", "chmod", "truncate"}
