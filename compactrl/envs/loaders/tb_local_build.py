@@ -429,6 +429,11 @@ def _host_has_package(name: str) -> bool:
     return res.returncode == 0 and res.stdout.strip() == "installed"
 
 
+def apt_missing(packages: list[str]) -> list[str]:
+    """The packages of an ``apt-get install`` this machine lacks (terminal session tools left out)."""
+    return [p for p in packages if p not in SESSION_TOOLS and not _host_has_package(p)]
+
+
 def _satisfied(requirement: str) -> bool:
     """True when the interpreter running compactrl (the sandbox's default) already satisfies it."""
     from importlib import metadata
@@ -662,7 +667,7 @@ def solution_network(script: str | None) -> str | None:
             if seg.action == "git":
                 return f"git clone {seg.detail[0]}"
             if seg.action == "apt":
-                missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
+                missing = apt_missing(seg.detail)
                 if missing:
                     return f"apt-get install {' '.join(missing)}, which this machine lacks{INSTALL_HINT}"
     return _hub_download(script or "")
@@ -875,7 +880,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
                     break
                 if seg.action == "apt":
-                    missing = [p for p in seg.detail if p not in SESSION_TOOLS and not _host_has_package(p)]
+                    missing = apt_missing(seg.detail)
                     if missing:
                         # named only when nothing else stops the task: installing them would not help then
                         apt_why = apt_why or (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not "
@@ -1497,7 +1502,7 @@ def offline_installs(script: str) -> str:
             seg = classify(text, {}, "")
             name = os.path.basename(seg.words[0]) if seg.words else ""
             done = (seg.action == "pip"
-                    or (seg.action == "apt" and all(p in SESSION_TOOLS or _host_has_package(p) for p in seg.detail))
+                    or (seg.action == "apt" and not apt_missing(seg.detail))
                     or (seg.action == "noop" and name in _APT))
             pieces.append((" true " if done else text) + sep)
             changed = changed or done
