@@ -329,11 +329,9 @@ class ToolEnv(gym.Env[str, str]):
 
     # -- helpers ---------------------------------------------------------------------------------
     def _run_tests(self) -> TestReport:
-        check = None
-        if self._steps and self._stage > 0:  # a later step of a multi-step task: its own tests
-            raw = dict(self._steps[self._stage]["check"])
-            check = Check(**{**raw, "must_pass": tuple(raw.get("must_pass", ()))})
-        report = self._sandbox.run_tests(check) if check is not None else self._sandbox.run_tests()
+        # a later step of a multi-step task has its own tests
+        check = Check.from_dict(self._steps[self._stage]["check"]) if self._steps and self._stage > 0 else None
+        report = self._sandbox.run_tests(check)
         return self._dynamics.run(report) if self._dynamics else report
 
     def _after_submit(self, report: TestReport) -> tuple[bool, str]:

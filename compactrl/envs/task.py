@@ -29,6 +29,11 @@ class Check:
     hidden_files: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 120.0
 
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Check:
+        """A check from its JSON form (``dataclasses.asdict``; ``must_pass`` back to a tuple)."""
+        return cls(**{**raw, "must_pass": tuple(raw.get("must_pass", ()))})
+
 
 @dataclass(frozen=True)
 class Task:
@@ -57,7 +62,6 @@ class Task:
     @classmethod
     def from_json(cls, text: str) -> Task:
         raw = json.loads(text)
-        check = raw.pop("check")
-        check["must_pass"] = tuple(check.get("must_pass", ()))
+        check = Check.from_dict(raw.pop("check"))
         raw["setup"] = tuple(raw.get("setup", ()))
-        return cls(check=Check(**check), **raw)
+        return cls(check=check, **raw)
