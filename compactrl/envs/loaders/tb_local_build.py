@@ -486,11 +486,16 @@ class Plan:
     tools: list[str] = field(default_factory=list)
     """Wheels of tools a known installer script would fetch (``uv==0.5.11`` for astral.sh's uv
     installer), installed at prepare time under ``tools/<name>-<version>`` of the state (:func:`map_installers`)."""
+    served: dict[str, str] = field(default_factory=dict)
+    """Installer URLs the reference solution fetches (``https://astral.sh/uv/0.7.13/install.sh``) -> the tool
+    wheel they install (``uv==0.7.13``, in :attr:`tools`): an episode's ``curl`` and ``wget`` serve them
+    offline (:func:`write_served`), to the reference solution and to any policy alike."""
 
     def to_json(self) -> dict:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
+                **({"served": self.served} if self.served else {}),
                 **({"downloads": self.downloads} if self.downloads else {}),
                 **({"wheelhouse": self.wheelhouse, "pip_command": "python3 -m pip"}
                    if self.wheelhouse else {}),
@@ -513,6 +518,36 @@ def release_download(text: str, env: dict[str, str], workdir: str) -> tuple[str,
     return got if got and tb_downloads.release_for(got[0]) else None
 
 
+def _uv_requirement(version: str | None) -> str:
+    return f"uv=={version}" if version else "uv"
+
+
+def _uv_install(version: str | None, src: str, assigns: list[str] = ()) -> str:
+    """Shell that does what astral.sh's uv installer of ``version`` does, from the ``uv`` wheel's ``bin``
+    folder ``src``: ``uv`` and ``uvx`` into ``$XDG_BIN_HOME`` or ``~/.local/bin`` (0.5 and later;
+    ``~/.cargo/bin`` before), or ``$UV_INSTALL_DIR`` / ``$UV_UNMANAGED_INSTALL`` when set, with the ``env``
+    file that puts that folder on ``PATH``."""
+    old = bool(version) and tuple(int(x) for x in version.split(".")[:2]) < (0, 5)
+    home = '${CARGO_HOME:-$HOME/.cargo}/bin' if old else '${XDG_BIN_HOME:-$HOME/.local/bin}'
+    dest = f'"${{UV_UNMANAGED_INSTALL:-${{UV_INSTALL_DIR:-{home}}}}}"'
+    env_line = 'case ":$PATH:" in *:"$D":*) ;; *) export PATH="$D:$PATH" ;; esac'
+    return (f"{{ {''.join(a + '; ' for a in assigns)}D={dest}; mkdir -p \"$D\" && cp {src}/uv {src}/uvx \"$D/\" && "
+            f"printf '%s\\n' \"D='$D'\" {shlex.quote(env_line)} > \"$D/env\"; }}")
+
+
+_UV_INSTALLER_URL = re.compile(r"https?://astral\.sh/uv/(?:(\d+\.\d+(?:\.\d+)?)/)?install\.sh")
+
+
+def served_installers(script: str | None) -> dict[str, str]:
+    """The installer URLs a script pipes to a shell that an episode can be served offline (astral.sh's uv
+    installer) -> the tool wheel each installs (``{"https://astral.sh/uv/0.7.13/install.sh": "uv==0.7.13"}``)."""
+    found: dict[str, str] = {}
+    for m in _UV_INSTALLER.finditer(script or ""):
+        url = _UV_INSTALLER_URL.search(m.group(0))
+        found[url.group(0)] = _uv_requirement(url.group(1))
+    return found
+
+
 def map_installers(command: str) -> tuple[str, list[str], list[str]]:
     """``(command, wheels, notes)``: well-known installer scripts piped to a shell replaced by the same
     tool from PyPI, copied where the installer puts it. astral.sh's uv installer: the ``uv`` wheel
@@ -523,16 +558,13 @@ def map_installers(command: str) -> tuple[str, list[str], list[str]]:
 
     def sub(m: re.Match) -> str:
         version = m.group(1)
-        req = f"uv=={version}" if version else "uv"
+        req = _uv_requirement(version)
         wheels.append(req)
-        old = bool(version) and tuple(int(x) for x in version.split(".")[:2]) < (0, 5)
-        dest = '"${CARGO_HOME:-$HOME/.cargo}/bin"' if old else '"${XDG_BIN_HOME:-$HOME/.local/bin}"'
-        src = f"{TOOLS_MARK}/{req.replace('==', '-')}/bin"
         notes.append(f"astral.sh's uv installer ({version or 'latest'}): {req} from PyPI at prepare time, "
-                     f"copied to {dest.strip(chr(34))}")
-        env_line = 'case ":$PATH:" in *:"$D":*) ;; *) export PATH="$D:$PATH" ;; esac'
-        return (f"{{ D={dest}; mkdir -p \"$D\" && cp {src}/uv {src}/uvx \"$D/\" && "
-                f"printf '%s\\n' 'D='{shlex.quote(dest)} {shlex.quote(env_line)} > \"$D/env\"; }}")
+                     "copied where the installer puts it")
+        # `| env UV_UNMANAGED_INSTALL=/x sh`: the installer's shell had those variables
+        assigns = re.findall(r"\b\w+=\S*", m.group(0).split("|", 1)[1])
+        return _uv_install(version, f"{TOOLS_MARK}/{req.replace('==', '-')}/bin", assigns)
 
     return _UV_INSTALLER.sub(sub, command), wheels, notes
 
@@ -593,6 +625,12 @@ _UV_ADD_VALUES = {"--group", "--optional", "--package", "--script", "--tag", "--
                   "--constraints", "-c", "--requirements", "-r"}
 
 
+def uv_added_requirements(script: str | None) -> list[str]:
+    """What a script ``uv add``s, in order (the requirements of a uv project it builds)."""
+    return list(dict.fromkeys(r for line in script_lines(script) for text, _sep in split_segments(line)
+                              for r in uv_add_requirements(classify(text, {}, "").words)))
+
+
 def uv_add_requirements(words: list[str]) -> list[str]:
     """What ``uv add [options] REQ...`` adds (``uv add pytest==8.4.1 rdkit``): its requirement arguments.
     A path, URL or ``-r`` file gives none here (the reason comes from the network check)."""
@@ -649,14 +687,52 @@ def _go_std_only(script: str | None) -> bool:
     return not any("." in path.split("/")[0] for path in imports)
 
 
-def solution_network(script: str | None) -> str | None:
+# `uv` commands on a project, and the `uv add` options that fetch what the wheelhouse cannot hold
+_UV_PROJECT = {"init", "add", "run", "sync", "lock", "remove", "tree", "export"}
+_UV_ADD_ELSEWHERE = {"-r", "--requirements", "--index", "--default-index", "--index-url", "-i", "--extra-index-url",
+                     "--find-links", "-f", "--git", "--editable", "--script"}
+_UV_GLOBAL_VALUES = {"--directory", "--project", "--cache-dir", "--config-file", "--color", "--python", "-p"}
+
+
+def _uv_subcommand(words: list[str]) -> str | None:
+    """``add`` for ``uv --directory /app add flask``; None when the words are not a ``uv`` command."""
+    if not words or os.path.basename(words[0]) != "uv":
+        return None
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        i += 2 if words[i] in _UV_GLOBAL_VALUES else 1
+    return words[i] if i < len(words) else None
+
+
+def uv_project_offline(words: list[str]) -> bool:
+    """Whether a ``uv`` command of a project the script itself created (``uv init``) runs offline from the
+    task's wheelhouse: ``uv add`` of plain requirements (they are in the wheelhouse:
+    :func:`solution_requirements`), ``uv run``/``sync``/``lock`` of what was added. A requirements file,
+    another index, a URL or a git source is fetched from where it says."""
+    sub = _uv_subcommand(words)
+    if sub not in _UV_PROJECT:
+        return False
+    return sub != "add" and "--with-requirements" not in words or sub == "add" and not any(
+        w.split("=", 1)[0] in _UV_ADD_ELSEWHERE or "://" in w or w.startswith("git+") for w in words)
+
+
+def solution_network(script: str | None, has_project: bool = False) -> str | None:
     """What in a reference solution fetches from the network (``curl ... | sh``, ``uv add flask``,
-    ``git clone``), or None. The harness's agent has the network; the local sandbox has none."""
+    ``git clone``), or None. The harness's agent has the network; the local sandbox has none, except
+    what an episode is served offline: astral.sh's uv installer (:func:`served_installers`), and a uv
+    project the solution creates with ``uv init`` (:func:`uv_project_offline`) when the task ships no
+    project of its own (``has_project``: a ``pyproject.toml`` among its files, whose dependencies the
+    wheelhouse does not hold)."""
+    uv_project = False
     for line in script_lines(script):
         if line.lstrip().startswith("#"):
             continue
-        for text, _sep in split_segments(line):
+        for text, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):
             seg = classify(text, {}, "")
+            if not has_project and _uv_subcommand(seg.words) == "init":
+                uv_project = True
+            if uv_project and uv_project_offline(seg.words):
+                continue
             local = re.search(r"(//|@|^|\s)(localhost|127\.0\.0\.1|0\.0\.0\.0)\b", " ".join(seg.words[1:]))
             if seg.words[:3] == ["go", "mod", "tidy"] and _go_std_only(script):
                 continue  # nothing to fetch: every package the Go code imports is the standard library's
@@ -822,8 +898,11 @@ def host_go_version(candidate=None) -> tuple[int, int] | None:
 
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
          digest: str, solution_pip: list[str] | tuple[str, ...] = (), git_mirror: str | None = None,
-         solution_wheels: list[str] | tuple[str, ...] = ()) -> tuple[Plan | None, str | None]:
-    """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``."""
+         solution_wheels: list[str] | tuple[str, ...] = (),
+         solution_served: dict[str, str] | None = None) -> tuple[Plan | None, str | None]:
+    """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``.
+    ``solution_wheels``: what the reference solution installs (the wheelhouse); ``solution_served``: the
+    installers it fetches that an episode is served offline (:func:`served_installers`)."""
     env: dict[str, str] = {"PATH": BASE_PATH, "HOME": "/root"}
     out = Plan(key=digest)
     todo = [r for r in solution_pip if not _satisfied(r)]
@@ -836,6 +915,13 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         out.mapped.append(f"what the reference solution installs ({' '.join(solution_wheels)}): wheels downloaded at "
                           "prepare time into the task's wheelhouse, which an episode's pip and uv read offline "
                           "(installed only by a policy that installs them)")
+    if solution_served:
+        out.served = dict(solution_served)
+        out.tools += [r for r in solution_served.values() if r not in out.tools]
+        out.mapped.append("what the reference solution fetches to install a tool ("
+                          + ", ".join(f"{u}: {r}" for u, r in solution_served.items())
+                          + "): the tool from PyPI at prepare time; an episode's curl and wget serve the installer "
+                          "offline, which installs it where the published one would")
     root = (workdir or "").rstrip("/") + "/"
     apt_why = None
     for step in steps:
@@ -943,7 +1029,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         out.git_mirror = git_mirror
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     out.roots = task_roots(steps, workdir)
-    needed = any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or out.wheelhouse or len(out.env) > 1
+    needed = (any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or out.wheelhouse or out.served
+              or len(out.env) > 1)
     return (out if needed else None), None
 
 
@@ -1106,6 +1193,9 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         failed = _pip_wheels_into(target, ["--no-deps", req], timeout_s, tail_lines=2)
         if failed:
             return f"needs its image: {req} from PyPI for its installer step ({failed})"
+    if build.get("served"):
+        os.makedirs(site, exist_ok=True)  # the episode names pybin as site/../pybin
+        write_served(os.path.join(out, "pybin"), build["served"])
     outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
             for src, dest in s["pairs"]]
     stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
@@ -1419,6 +1509,74 @@ def _pip_commands(folder: str) -> None:
         path = os.path.join(folder, name)
         with open(path, "w") as fh:
             fh.write('#!/bin/sh\nexec python3 -m pip "$@"\n')
+        os.chmod(path, 0o755)
+
+
+_SERVE = r'''
+"""curl and wget as the machine's, except for the installer URLs in served.json beside this file: those are
+answered offline from the task's prepared state (compactrl's Terminal-Bench local backend)."""
+import json, os, sys
+
+here = os.path.dirname(os.path.realpath(__file__))
+name, args = sys.argv[1], sys.argv[2:]
+with open(os.path.join(here, "served.json")) as fh:
+    served = json.load(fh)
+url = next((a for a in args if a in served), None)
+if url is None:
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if d and os.path.realpath(d) != here and os.access(path, os.X_OK) and not os.path.isdir(path):
+            os.execv(path, [name, *args])
+    sys.exit(f"{name}: command not found")
+tool = served[url]
+body = open(os.path.join(here, "served", tool.replace("==", "-") + ".sh")).read()
+body = body.replace("__TOOLS__", os.path.join(os.path.dirname(here), "tools"))
+out = None  # curl writes to stdout unless told; wget to the URL's file name
+if name == "wget":
+    out = os.path.basename(url)
+for i, a in enumerate(args):
+    nxt = args[i + 1] if i + 1 < len(args) else None
+    if name == "curl" and a in ("-o", "--output"):
+        out = nxt
+    elif name == "curl" and a in ("-O", "--remote-name"):
+        out = os.path.basename(url)
+    elif name == "curl" and a.startswith("-") and not a.startswith("--") and "o" in a[1:]:
+        out = a[a.index("o", 1) + 1:] or nxt
+    elif name == "curl" and a.startswith("-") and not a.startswith("--") and "O" in a[1:]:
+        out = os.path.basename(url)
+    elif name == "wget" and a.startswith("--output-document"):
+        out = a.split("=", 1)[1] if "=" in a else nxt
+    elif name == "wget" and a.startswith("-") and not a.startswith("--") and "O" in a[1:]:
+        out = a[a.index("O", 1) + 1:] or nxt
+if out in (None, "-"):
+    sys.stdout.write(body)
+else:
+    with open(out, "w") as fh:
+        fh.write(body)
+'''
+
+
+def write_served(folder: str, served: dict[str, str]) -> None:
+    """``curl`` and ``wget`` in ``folder`` (first on an episode's ``PATH``) that answer the installer URLs of
+    ``served`` (:attr:`Plan.served`) with an installer doing what the published one does from the tool
+    prepared under the state's ``tools/`` (:func:`_uv_install`), offline; any other call runs the
+    machine's own ``curl``/``wget``, which has no network in the sandbox."""
+    os.makedirs(os.path.join(folder, "served"), exist_ok=True)
+    os.chmod(folder, 0o755)
+    with open(os.path.join(folder, "served.json"), "w") as fh:
+        json.dump(served, fh, indent=1)
+    with open(os.path.join(folder, "serve.py"), "w") as fh:
+        fh.write(_SERVE.lstrip())
+    for req in set(served.values()):
+        tool = req.replace("==", "-")
+        with open(os.path.join(folder, "served", tool + ".sh"), "w") as fh:
+            fh.write(f"#!/bin/sh\n# astral.sh's uv installer, served offline: {req} from PyPI, installed where the "
+                     f"published installer installs it\n{_uv_install(req.partition('==')[2] or None, f'{TOOLS_MARK}/{tool}/bin')}"
+                     " && echo 'everything is installed!'\n")
+    for name in ("curl", "wget"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as fh:
+            fh.write(f'#!/bin/sh\nexec python3 -I "$(dirname "$0")/serve.py" {name} "$@"\n')
         os.chmod(path, 0o755)
 
 

@@ -52,9 +52,11 @@ from compactrl.envs.loaders.tb_local_build import (
     go_requirement,
     host_go_version,
     offline_installs,
+    served_installers,
     solution_network,
     solution_requirements,
     solution_system_writes,
+    uv_added_requirements,
     wheelhouse_env,
 )
 from compactrl.envs.loaders.tb_local_build import plan as plan_build
@@ -441,14 +443,17 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         # what the test scripts install at test time is installed at prepare (a noop's tests have it too);
         # what only the reference solution installs goes to a wheelhouse its `pip install` reads offline
         wanted = solution_requirements(tests)
-        wheels = [r for r in solution_requirements(_solutions(meta)) if r not in wanted]
+        # a uv project the solution creates installs into its own environment, from the wheelhouse
+        uv_added = uv_added_requirements(_solutions(meta))
+        wheels = [r for r in solution_requirements(_solutions(meta)) if r not in wanted or r in uv_added]
         cache = config.download_cache or os.environ.get("COMPACTRL_DOWNLOAD_CACHE") or None
         plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted,
-                               solution_wheels=wheels, git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
+                               solution_wheels=wheels, solution_served=served_installers(_solutions(meta)),
+                               git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"
-    fetch = solution_network(_solutions(meta))
+    fetch = solution_network(_solutions(meta), has_project=any(os.path.basename(p) == "pyproject.toml" for p in files))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
     moves = next(filter(None, map(_tests_move_tests_dir, spec.steps or [spec])), None)
@@ -483,6 +488,8 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         meta["env"] = dict(plan.env)
         if plan.pip:  # the commands the prepared packages install (`jupyter`, `flask`) are on PATH, as pip puts them
             meta["env"]["PATH"] = "__SITE__/bin:" + plan.env.get("PATH", BASE_PATH)
+        if plan.served and not plan.wheelhouse:  # the episode's curl and wget (write_served)
+            meta["env"]["PATH"] = "__SITE__/../pybin:" + meta["env"].get("PATH", BASE_PATH)
         if plan.wheelhouse:
             meta["env"].update(wheelhouse_env(meta["env"]))
             # pip builds in /tmp before moving into its target (jupyter and its dependencies: ~400 MiB); an
