@@ -197,6 +197,21 @@ def test_go_mod_tidy_of_standard_library_code_needs_no_network() -> None:
     assert tlb.solution_network("go mod init x\ngo build .\n") is None
 
 
+def test_a_dockerfile_go_mod_tidy_of_standard_library_code_runs_here(tmp_path) -> None:
+    # the image's Go code comes from RUN heredocs and from the build context
+    steps = [{"op": "run", "command": "printf 'module m\\n\\ngo 1.22\\n' > /app/go.mod", "workdir": "/app"},
+             {"op": "run", "command": "cat > /app/main.go << 'GO'\npackage main\nimport (\n    \"fmt\"\n    \"os\"\n)\n"
+                                      "func main() { fmt.Println(os.Args) }\nGO", "workdir": "/app"},
+             {"op": "run", "command": "go mod tidy && go build ./... || true", "workdir": "/app"}]
+    plan, why = tlb.plan(steps, {}, str(tmp_path), "/app", "k")
+    assert why is None and any(n.startswith("go mod tidy: the image's Go code imports the standard library only")
+                               for n in plan.mapped)
+    assert plan.steps[-1]["command"].startswith("go mod tidy")
+    (tmp_path / "dep.go").write_text('package main\nimport "github.com/gorilla/mux"\n')
+    plan, why = tlb.plan(steps, {}, str(tmp_path), "/app", "k")
+    assert plan is None and why.startswith("needs its image: RUN go mod tidy") and why.endswith("(go mod)")
+
+
 def test_a_release_published_as_source_only_is_built_from_it(monkeypatch) -> None:
     # pip, as it answers --only-binary=:all: for construct 2.10.68 (no wheel of that release on PyPI)
     calls = []

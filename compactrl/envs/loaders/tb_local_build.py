@@ -677,6 +677,24 @@ def _hub_download(script: str) -> str | None:
     return None
 
 
+def _go_sources(steps: list[dict], files: dict[str, str], context: str) -> str:
+    """The Go an image's build has: what its ``RUN`` steps write (heredocs, ``printf > go.mod``), its
+    task files and the build context's ``*.go`` and ``go.mod`` files."""
+    texts = [s["command"] for s in steps if s.get("op") == "run"]
+    texts += [t for p, t in files.items() if p.endswith((".go", "go.mod"))]
+    for dirpath, _dirs, names in os.walk(context) if context else ():
+        texts += [_text_of(os.path.join(dirpath, n)) for n in names if n.endswith(".go") or n == "go.mod"]
+    return "\n".join(texts)
+
+
+def _text_of(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(1 << 20)
+    except OSError:
+        return ""
+
+
 def _go_std_only(script: str | None) -> bool:
     """Whether the Go code a script writes imports the standard library only (no import path whose
     first element has a dot, ``github.com/...``, ``golang.org/x/...``) and its go.mod requires nothing."""
@@ -962,6 +980,12 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                                   + sep)
                     continue
                 seg = classify(text, files, context)
+                if seg.words[:3] in (["go", "mod", "tidy"], ["go", "mod", "download"]) \
+                        and _go_std_only(_go_sources(steps, files, context)):
+                    out.mapped.append(f"{' '.join(seg.words[:3])}: the image's Go code imports the standard library "
+                                      "only, so it fetches nothing and runs here")
+                    pieces.append(text + sep)
+                    continue
                 if seg.action == "image":
                     why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
                     break
