@@ -129,6 +129,11 @@ def test_heredocs_become_context_files_for_builders_without_them() -> None:
     assert files == {".compactrl-heredoc/0": b"line 1\nline 2\n", ".compactrl-heredoc/1": b"set -e\nmkdir -p /data\n",
                      ".compactrl-heredoc/2": b"print(6 * 7)\n"}
     assert expand_heredocs("FROM a\nRUN true\n") == ("FROM a\nRUN true\n", {})
+    # `<< 'GO'` (a space before the word) is a heredoc too; `<<<` is a here-string
+    out, files = expand_heredocs("FROM a\nRUN cat > /app/main.go << 'GO'\npackage main\nGO\nRUN cat <<< hi > /x\n")
+    assert out.split("\n")[1:4] == ["COPY .compactrl-heredoc/0 /tmp/.compactrl-heredoc-0",
+                                    "RUN cat > /app/main.go < /tmp/.compactrl-heredoc-0", "RUN cat <<< hi > /x"]
+    assert files == {".compactrl-heredoc/0": b"package main\n"}
     import tempfile
 
     with tempfile.TemporaryDirectory() as ctx:  # the bodies are part of the image's digest

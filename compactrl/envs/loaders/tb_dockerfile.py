@@ -18,6 +18,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from compactrl.envs.sandbox._shell import HEREDOC
+
 INLINE = "<inline>"
 """Source prefix of a copy whose content is a Dockerfile heredoc (``DockerfileFacts.inline``)."""
 # Terminal-Bench's base images (``ghcr.io/laude-institute/t-bench/<name>:<date>``) set WORKDIR /app.
@@ -53,13 +55,14 @@ class DockerfileFacts:
     replay: ``COPY --from``, ``ADD`` of a URL)."""
 
 
-_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
     """``(KEYWORD, arguments)`` pairs, continuation lines joined, comments dropped. A heredoc
     (``COPY <<EOT /app/x`` or ``RUN <<EOF``, BuildKit's syntax) keeps its body in the arguments,
-    after a newline: ``("COPY", "<<EOT /app/x\n<body>")``."""
+    after a newline: ``("COPY", "<<EOT /app/x\n<body>")``. A ``RUN`` whose command reads a heredoc
+    (``RUN cat > /app/main.go << 'GO'``) keeps each terminator too: BuildKit runs the command with its
+    heredocs, as a shell script, ``("RUN", "cat > /app/main.go << 'GO'\n<body>\nGO")``."""
     out, current = [], ""
     lines = text.splitlines()
     i = 0
@@ -76,13 +79,15 @@ def _instructions(text: str) -> list[tuple[str, str]]:
         if current.strip():
             keyword, _, rest = current.strip().partition(" ")
             rest = rest.strip()
-            for m in _HEREDOC.finditer(rest) if keyword.upper() in ("COPY", "ADD", "RUN") else ():
+            for m in HEREDOC.finditer(rest) if keyword.upper() in ("COPY", "ADD", "RUN") else ():
                 body = []
                 while i < len(lines) and (lines[i].lstrip("\t") if m.group(1) else lines[i]) != m.group(3):
                     body.append(lines[i].lstrip("\t") if m.group(1) else lines[i])
                     i += 1
                 i += 1  # the terminator
                 rest += "\n" + "\n".join(body)
+                if keyword.upper() == "RUN" and not re.match(r"\d*<<", rest):
+                    rest += "\n" + m.group(3)
             out.append((keyword.upper(), rest))
         current = ""
     return out

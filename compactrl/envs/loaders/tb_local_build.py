@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compactrl.envs.sandbox._shell import HEREDOC
+
 log = logging.getLogger(__name__)
 
 STAGE_DIR = ".compactrl_stage"
@@ -78,12 +80,38 @@ class Segment:
     detail: Any = None
 
 
-def split_segments(command: str) -> list[tuple[str, str]]:
+def _heredoc_end(command: str, i: int, pending: list[tuple[str, bool]]) -> int:
+    """Where the bodies of the ``pending`` heredocs (``(word, strip tabs)``) that start after the
+    newline at ``i`` end: the position of the newline ending the last terminator line (or the end)."""
+    for word, chomp in pending:
+        while i < len(command):
+            end = command.find("\n", i + 1)
+            end = len(command) if end < 0 else end
+            line = command[i + 1:end]
+            i = end
+            if (line.lstrip("\t") if chomp else line) == word:
+                break
+    return i
+
+
+def split_segments(command: str, heredocs: bool = False) -> list[tuple[str, str]]:
     """``[(segment text, separator after it)]`` of a shell command line, split at ``&&``, ``||``,
-    ``;``, ``|``, ``&`` and newlines outside quotes (subshells and ``$( )`` are kept whole)."""
-    out, start, i, quote, depth = [], 0, 0, "", 0
+    ``;``, ``|``, ``&`` and newlines outside quotes (subshells and ``$( )`` are kept whole). With
+    ``heredocs``, a here-document's body and terminator stay in the segment of its ``<<WORD``, as the
+    shell reads them (a Dockerfile's ``RUN cat > main.go << 'GO'`` replayed); without, each body line
+    is a segment of its own, so what a script writes into a file is also looked at."""
+    out, start, i, quote, depth, pending = [], 0, 0, "", 0, []
     while i < len(command):
         c = command[i]
+        if heredocs and not quote and c == "<" and (m := HEREDOC.match(command, i)) \
+                and command[i - 1:i] != "<":
+            pending.append((m.group(3), m.group(1) == "-"))
+            i = m.end()
+            continue
+        if heredocs and not quote and c == "\n" and pending:
+            i = _heredoc_end(command, i, pending)
+            pending = []
+            continue
         if quote:
             if c == "\\" and quote == '"':
                 i += 2
@@ -968,7 +996,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
             command, wheels, notes = map_installers(step["command"])
             out.tools += [w for w in wheels if w not in out.tools]
             out.mapped += notes
-            for text, sep in split_segments(command):
+            for text, sep in split_segments(command, heredocs=True):
                 release = release_download(text, env, step.get("workdir") or "/")
                 if release:  # the same release from a registry reachable here (tb_downloads), copied in
                     url, dest = release
@@ -1648,7 +1676,6 @@ def _read_context(task, src: str) -> str | None:
 
 
 _UV_ENV_SOURCE = re.compile(r"""^\s*(?:source|\.)\s+["']?(?:\$HOME|\$\{HOME\}|~|/root)/\.local/bin/env["']?\s*$""")
-_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 
 
 def offline_installs(script: str) -> str:
@@ -1669,9 +1696,9 @@ def offline_installs(script: str) -> str:
             continue
         end = "\n" if chunk.endswith("\n") else ""
         logical = re.sub(r"\\\r?\n", " ", chunk[:len(chunk) - len(end)])
-        marker = _HEREDOC.search(logical)
+        marker = HEREDOC.search(logical)
         if marker:
-            heredoc = marker.group(1)
+            heredoc = marker.group(3)
         if logical.lstrip().startswith("#") or marker:
             out.append(chunk)
             continue

@@ -44,6 +44,7 @@ from compactrl.envs.sandbox._common import (
     report_from_run,
     work_rel,
 )
+from compactrl.envs.sandbox._shell import HEREDOC
 from compactrl.envs.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.envs.sandbox.base_images import GRADER_DIR, dockerfile_bases
 from compactrl.envs.task import Check, Task
@@ -307,7 +308,6 @@ def _context_files(context: str) -> list[str]:
     return out
 
 
-_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _HEREDOC_DIR = ".compactrl-heredoc"
 
 
@@ -318,7 +318,7 @@ def expand_heredocs(text: str) -> tuple[str, dict[str, bytes]]:
     lines, out, files, i = text.split("\n"), [], {}, 0
     while i < len(lines):
         m = re.match(r"^(\s*)(COPY|ADD|RUN)(\s+)(.*)$", lines[i], re.I)
-        docs = [d for d in _HEREDOC.finditer(m[4]) if not (m[4][:d.start()].count("'") % 2
+        docs = [d for d in HEREDOC.finditer(m[4]) if not (m[4][:d.start()].count("'") % 2
                                                             or m[4][:d.start()].count('"') % 2)] if m else []
         if not docs:
             out.append(lines[i])
