@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compactrl.envs.loaders.tb_files import read_limited
 from compactrl.envs.sandbox._shell import HEREDOC
 
 log = logging.getLogger(__name__)
@@ -711,16 +712,9 @@ def _go_sources(steps: list[dict], files: dict[str, str], context: str) -> str:
     texts = [s["command"] for s in steps if s.get("op") == "run"]
     texts += [t for p, t in files.items() if p.endswith((".go", "go.mod"))]
     for dirpath, _dirs, names in os.walk(context) if context else ():
-        texts += [_text_of(os.path.join(dirpath, n)) for n in names if n.endswith(".go") or n == "go.mod"]
+        texts += [read_limited(os.path.join(dirpath, n), 1 << 20) or "" for n in names
+                  if n.endswith(".go") or n == "go.mod"]
     return "\n".join(texts)
-
-
-def _text_of(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(1 << 20)
-    except OSError:
-        return ""
 
 
 def _go_std_only(script: str | None) -> bool:
