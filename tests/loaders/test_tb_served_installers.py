@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,15 @@ def test_other_calls_go_to_the_machine_curl(tmp_path: Path) -> None:
     got = _sh(state, tmp_path / "home", "curl -sS http://127.0.0.1:9/x")
     assert got.returncode == 7 and "curl" in got.stderr
     assert os.access(state / "pybin" / "wget", os.X_OK)
+
+
+def test_a_command_the_machine_lacks_is_not_found_as_the_shell_says(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    bare = tmp_path / "bare-bin"  # what the shim itself needs, and no curl
+    bare.mkdir()
+    (bare / "python3").symlink_to(sys.executable)
+    (bare / "dirname").symlink_to(shutil.which("dirname"))
+    env = {"HOME": str(tmp_path), "PATH": f"{state / 'pybin'}:{bare}"}
+    got = subprocess.run([str(state / "pybin" / "curl"), "http://127.0.0.1:9/x"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 127 and got.stderr.strip() == "curl: command not found"

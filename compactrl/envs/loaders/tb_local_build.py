@@ -1573,7 +1573,8 @@ if url is None:
         path = os.path.join(d or ".", name)
         if d and os.path.realpath(d) != here and os.access(path, os.X_OK) and not os.path.isdir(path):
             os.execv(path, [name, *args])
-    sys.exit(f"{name}: command not found")
+    print(f"{name}: command not found", file=sys.stderr)
+    sys.exit(127)
 tool = served[url]
 body = open(os.path.join(here, "served", tool.replace("==", "-") + ".sh")).read()
 body = body.replace("__TOOLS__", os.path.join(os.path.dirname(here), "tools"))
