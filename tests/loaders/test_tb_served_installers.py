@@ -125,3 +125,23 @@ def test_a_command_the_machine_lacks_is_not_found_as_the_shell_says(tmp_path: Pa
     got = subprocess.run([str(state / "pybin" / "curl"), "http://127.0.0.1:9/x"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert got.returncode == 127 and got.stderr.strip() == "curl: command not found"
+
+
+def test_a_build_script_that_installs_uv_and_builds_a_uv_project_runs_as_written(tmp_path: Path) -> None:
+    # the official 1.x pattern: `COPY install.sh /app` then `RUN bash /app/install.sh`
+    (tmp_path / "install.sh").write_text(
+        f"apt-get update\napt-get install -y curl\ncurl -LsSf {URL} | sh\nsource $HOME/.local/bin/env\n"
+        "uv init\nuv add pytest==8.4.1\nuv pip install pillow==11.2.1 numpy==2.3.1\n")
+    seg = tlb.classify("bash /app/install.sh", {}, str(tmp_path))
+    assert seg.action == "script" and seg.detail == {
+        "script": "install.sh", "served": {URL: "uv==0.7.13"}, "wheels": ["pytest==8.4.1", "pillow==11.2.1", "numpy==2.3.1"]}
+    steps = [{"op": "run", "command": "bash /app/install.sh", "workdir": "/app"}]
+    plan, why = tlb.plan(steps, {}, str(tmp_path), "/app", "k")
+    assert why is None and plan.served == {URL: "uv==0.7.13"} and plan.tools == ["uv==0.7.13"]
+    assert plan.wheelhouse == ["pytest==8.4.1", "pillow==11.2.1", "numpy==2.3.1"]
+    assert plan.steps[-1]["command"] == "bash /app/install.sh"  # run as written
+    # a build script that fetches anything else still needs its image
+    (tmp_path / "install.sh").write_text(f"curl -LsSf {URL} | sh\nuv init\nuv add -r requirements.txt\n")
+    assert tlb.classify("bash /app/install.sh", {}, str(tmp_path)).action == "image"
+    (tmp_path / "install.sh").write_text("curl -fsSL https://example.com/x.sh | sh\n")
+    assert tlb.classify("bash /app/install.sh", {}, str(tmp_path)).action == "image"

@@ -77,7 +77,7 @@ _SEPARATORS = ("&&", "||", "|&", ";", "|", "\n", "&")
 class Segment:
     text: str
     words: list[str]
-    action: str  # "run" | "noop" | "apt" | "pip" | "image"
+    action: str  # "run" | "noop" | "apt" | "pip" | "image" | "git" | "npm" | "script"
     detail: Any = None
 
 
@@ -358,15 +358,27 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
                                files, context) or _context_text(os.path.basename(targets[0]), files, context)
         clones: list[str] = []
+        wheels: list[str] = []  # what the uv project it builds installs (from the wheelhouse, offline)
+        uv_project = False
         for line in script_lines(script):
-            for inner, _sep in split_segments(line.split("#", 1)[0] if line.lstrip().startswith("#") else line):
+            line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
+            for inner, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):  # the installer is served
                 seg = classify(inner, files, context)
+                uv_project = uv_project or _uv_subcommand(seg.words) == "init"
+                if uv_project and (uv_project_offline(seg.words) or seg.action == "pip" and seg.words[0] == "uv"):
+                    reqs = seg.detail if seg.action == "pip" else uv_add_requirements(seg.words)
+                    wheels += [r for r in reqs if r not in wheels]
+                    continue
                 if seg.action == "image":
                     return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
                 if seg.action == "git":
                     clones += seg.detail
         if clones:  # the clones it runs, from a git mirror (see plan)
             return Segment(text, words, "git", clones)
+        served = served_installers(script)
+        if served or wheels:  # run as written, with the installer served and the project's wheels at hand
+            return Segment(text, words, "script", {"script": os.path.basename(targets[0]), "served": served,
+                                                   "wheels": wheels})
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
@@ -502,9 +514,10 @@ class Plan:
     as the task's root layer (:func:`needs_root`)."""
 
     wheelhouse: list[str] = field(default_factory=list)
-    """What the reference solution installs: downloaded (wheels and their dependencies) into the state's
-    ``wheelhouse/`` at prepare time, offered offline to an episode's pip and uv (:func:`wheelhouse_env`),
-    never pre-installed: a policy that does not install them does not have them."""
+    """What the reference solution installs (and what a uv project a build script creates adds): downloaded
+    (wheels and their dependencies) into the state's ``wheelhouse/`` at prepare time, offered offline to an
+    episode's pip and uv (:func:`wheelhouse_env`), never pre-installed: a policy that does not install them
+    does not have them."""
     git: dict[str, dict] = field(default_factory=dict)
     """``git clone`` URLs the steps run -> ``{"mirror": bare repository, "head": its HEAD}`` (:func:`git_mirror_path`)."""
     git_mirror: str | None = None
@@ -1047,6 +1060,15 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                         out.mapped.append(f"git clone {url}: from the mirror {repo} (HEAD {out.git[url]['head'][:12]})")
                     if why:
                         break
+                elif seg.action == "script":
+                    what = seg.detail
+                    out.served.update(what["served"])
+                    out.tools += [r for r in what["served"].values() if r not in out.tools]
+                    out.wheelhouse += [w for w in what["wheels"] if w not in out.wheelhouse]
+                    out.mapped.append(f"{what['script']}: run as written, " + " and ".join(filter(None, [
+                        what["served"] and "the uv installer it fetches served offline (" + ", ".join(
+                            what["served"].values()) + " from PyPI)",
+                        what["wheels"] and f"the uv project it builds from the wheelhouse ({' '.join(what['wheels'])})"])))
                 elif seg.action == "npm":
                     # the packages are fetched from the npm registry at prepare time into the image's npm cache
                     # ($HOME/.npm); the step itself then runs offline in the sandbox, scripts and all
@@ -1291,6 +1313,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
             # so repositories there are marked safe; clones come from the mirror when there is one
             env = {**env, **git_mirror_env(build.get("git_mirror"))}
+            if build.get("served"):  # a build script's uv installer served, its uv project built offline (write_served)
+                env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
+                       **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
+                          if build.get("wheelhouse") else {})}
             for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
                 env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
