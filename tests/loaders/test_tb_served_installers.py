@@ -139,6 +139,8 @@ def test_a_build_script_that_installs_uv_and_builds_a_uv_project_runs_as_written
     plan, why = tlb.plan(steps, {}, str(tmp_path), "/app", "k")
     assert why is None and plan.served == {URL: "uv==0.7.13"} and plan.tools == ["uv==0.7.13"]
     assert plan.wheelhouse == ["pytest==8.4.1", "pillow==11.2.1", "numpy==2.3.1"]
+    # the tests run in that project (`uv run pytest`), so what it has is where the tests look too
+    assert set(plan.pip) == {r for r in plan.wheelhouse if not tlb._satisfied(r)}
     assert plan.steps[-1]["command"] == "bash /app/install.sh"  # run as written
     # a build script that fetches anything else still needs its image
     (tmp_path / "install.sh").write_text(f"curl -LsSf {URL} | sh\nuv init\nuv add -r requirements.txt\n")

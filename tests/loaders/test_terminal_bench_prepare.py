@@ -300,3 +300,17 @@ def test_a_solution_that_downloads_from_a_hub_or_a_bucket_needs_the_network() ->
     assert tlb.solution_network('m.save_pretrained("/app/model")\nAutoModel.from_pretrained("/app/model")\n'
                                 "load_dataset('csv', data_files='x.csv')\n") is None
     assert tlb.solution_network('AutoModel.from_pretrained("./model")\n') is None
+
+
+def test_tests_that_rename_a_file_into_tmp_need_the_image(tmp_path) -> None:
+    # rename(2) fails across file systems; the local sandbox's /tmp is one of its own
+    folder = tmp_path / "renames"
+    write_tb_task(folder, instruction="Write mystery.c.", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n",
+                  solution="echo 'int main(){return 0;}' > mystery.c\n",
+                  tests="import os\n\ndef test_x():\n    os.rename('mystery', '/tmp/mystery')\n")
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"].startswith("needs its image: its tests rename a file into /tmp "
+                                                    "(tests/test_outputs.py)")
+    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    (folder / "tests" / "test_outputs.py").write_text("import shutil\n\ndef test_x():\n    shutil.move('a', '/tmp/a')\n")
+    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata

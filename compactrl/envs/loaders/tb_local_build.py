@@ -1065,6 +1065,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     out.served.update(what["served"])
                     out.tools += [r for r in what["served"].values() if r not in out.tools]
                     out.wheelhouse += [w for w in what["wheels"] if w not in out.wheelhouse]
+                    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
+                    out.pip += [r for r in what["wheels"] if not _satisfied(r) and r not in out.pip]
                     out.mapped.append(f"{what['script']}: run as written, " + " and ".join(filter(None, [
                         what["served"] and "the uv installer it fetches served offline (" + ", ".join(
                             what["served"].values()) + " from PyPI)",

@@ -464,6 +464,10 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if moves and not why:
         plan, why = None, (f"needs its image: its tests move /tests away ({moves}), a mount point in the local "
                            "sandbox (a plain folder in the image)")
+    renames = next(filter(None, map(_tests_rename_into_tmp, spec.steps or [spec])), None)
+    if renames and not why and config.backend != "docker":
+        plan, why = None, (f"needs its image: its tests rename a file into /tmp ({renames}), which fails across file "
+                           "systems (EXDEV): the local sandbox's /tmp is a file system of its own, the image's is not")
     writes = solution_system_writes(_solutions(meta))
     if writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
@@ -527,6 +531,20 @@ def _tests_move_tests_dir(spec: TaskSpec) -> str | None:
         text = _text(os.path.join(spec.folder, "tests", rel)) or ""
         if re.search(r"(?m)^[^#\n]*\bmv\s+(-\S+\s+)*/tests/?(\s|$)", text) or (
                 re.search(r"shutil\.move\(|os\.(rename|replace)\(", text) and re.search(r"[\"']/tests/?[\"']", text)):
+            return f"tests/{rel}"
+    return None
+
+
+# `os.rename("mystery", "/tmp/mystery")`, `os.replace(x, "/tmp/y")`, `Path(x).rename("/tmp/y")`
+_RENAME_INTO_TMP = re.compile(r"""(?:os\.(?:rename|replace)\([^)\n]*,|\.rename\()\s*(?:f?["']/tmp/)""")
+
+
+def _tests_rename_into_tmp(spec: TaskSpec) -> str | None:
+    """The test file that renames a file into ``/tmp`` (``os.rename("x", "/tmp/x")``): ``rename(2)``
+    across file systems fails (``EXDEV``), and the local sandbox's ``/tmp`` is a file system of its own,
+    where the image's is the same as the work dir's. None when no test does."""
+    for rel in spec.test_files:
+        if rel.endswith(".py") and _RENAME_INTO_TMP.search(_text(os.path.join(spec.folder, "tests", rel)) or ""):
             return f"tests/{rel}"
     return None
 
