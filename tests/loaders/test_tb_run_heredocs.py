@@ -51,3 +51,21 @@ def test_files_a_run_heredoc_writes_are_in_the_replayed_state(tmp_path: Path, ca
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
+def test_a_run_before_any_workdir_runs_in_the_base_images_workdir(tmp_path: Path, cache) -> None:
+    # t-bench's base images set WORKDIR /app: a RUN before the Dockerfile's own WORKDIR runs there (coq's
+    # `apt-get install` in prove-plus-comm), so the replay makes /app as the base image has it
+    folder = write_tb_task(
+        tmp_path / "inherited-workdir", instruction="Copy /app/made.txt to /workspace/out.txt.",
+        dockerfile=("FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\nRUN pwd > made.txt\n"
+                    "WORKDIR /workspace\n"),
+        solution="cp /app/made.txt out.txt\n",
+        tests="def test_out():\n    assert open('/workspace/out.txt').read().strip() == '/app'\n")
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
+    assert "/app" in task.metadata["writable_paths"], task.metadata.get("not_gradable")
+    gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    assert not noop["success"] and noop["sandbox_error"] is None

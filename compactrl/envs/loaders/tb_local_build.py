@@ -429,12 +429,14 @@ _ABS_PATH = re.compile(r"(?<![\w.$/~-])/([A-Za-z0-9_][A-Za-z0-9_.-]*)")
 
 
 def task_roots(steps: list[dict], workdir: str | None) -> list[str]:
-    """Top-level folders outside the system ones that the Dockerfile's steps create or fill
+    """Top-level folders outside the system ones that the Dockerfile's steps create, fill or run in
     (``/protected``, ``/app`` above a ``/app/site`` work dir): the local sandbox makes each a private
     writable folder, and a prepared state keeps what the steps put there."""
     found = set()
     for step in steps:
-        texts = [step.get("command", ""), step.get("path", "")] + [p[1] for p in step.get("pairs", [])]
+        # a RUN's working folder too: one inherited from the base image (t-bench's /app) exists there
+        texts = [step.get("command", ""), step.get("path", ""), step.get("workdir", "")] + [
+            p[1] for p in step.get("pairs", [])]
         for text in texts:
             found.update(m.group(1) for m in _ABS_PATH.finditer(text or ""))
             # /var/lib/bench, /var/cache/x, /var/www: the second level of /var is the task's (/var itself
