@@ -5,6 +5,7 @@ wheels, and a root layer for Dockerfile steps that change system files (real loc
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from loader_helpers import FIXTURES, local_unavailable, write_tb_task
@@ -314,3 +315,75 @@ def test_tests_that_rename_a_file_into_tmp_need_the_image(tmp_path) -> None:
     assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
     (folder / "tests" / "test_outputs.py").write_text("import shutil\n\ndef test_x():\n    shutil.move('a', '/tmp/a')\n")
     assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+
+
+# ------------------------------------------------------------- a solution acting as the image's root
+def test_what_a_root_solution_writes_is_owned_where_the_image_lets_root_write() -> None:
+    script = ("apt-get install -y nginx\ncat > /etc/nginx/conf.d/site.conf << 'EOF'\nEOF\n"
+              "rm -f /etc/nginx/sites-enabled/default\ncp tool /usr/local/bin/tool\necho 1 > /etc/hostname\n")
+    assert tlb.system_writes(script) == ["/etc/nginx/conf.d/site.conf", "/etc/nginx/sites-enabled/default",
+                                         "/usr/local/bin/tool", "/etc/hostname"]
+    owned = tlb.owned_system_paths(["/etc/skel/.compactrl/x.conf", "/usr/local/bin/tool", "/etc/hostname"],
+                                   exists=lambda p: p == "/etc/hostname")
+    # a configuration folder whole; elsewhere the receiving folder only (and the file where it exists)
+    assert owned == [("/etc/skel", True), ("/usr/local/bin", False), ("/etc", False), ("/etc/hostname", False)]
+
+
+def test_a_solution_that_manages_users_is_flagged() -> None:
+    assert tlb.solution_users("adduser --disabled-password git\necho 'git:pw' | chpasswd\n") == \
+        "adduser --disabled-password git"
+    assert tlb.solution_users("mkdir -p /git && chown -R git:git /git\n") == "chown -R git:git"
+    assert tlb.solution_users("su - git -c 'git init --bare /git/server'") == "su - git"
+    assert tlb.solution_users("chown -R root:root /app\nchown $(whoami) out.txt\nchmod 600 key\n") is None
+
+
+@pytest.mark.skipif(not shutil.which("dpkg-query"), reason="dpkg-query lists what a package owns")
+def test_the_folders_a_package_owns_under_var_are_found() -> None:
+    assert "/var/lib/dpkg" in tlb.package_dirs(["dpkg"])
+    assert tlb.package_dirs(["compactrl-absent-tool"]) == []
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root layer needs root (overlay mounts over /usr and /etc)")
+@pytest.mark.skipif(not os.path.isdir("/etc/skel"), reason="the host's /etc/skel is the folder the solution edits")
+def test_a_solution_that_configures_the_system_as_root_runs_in_a_root_layer(tmp_path, cache) -> None:
+    host_bashrc = open("/etc/skel/.bashrc").read() if os.path.exists("/etc/skel/.bashrc") else None
+    folder = write_tb_task(
+        tmp_path / "root-config", instruction="Greet new users and publish a page.",
+        dockerfile="FROM ghcr.io/laude-institute/t-bench/python-3-13:20250620\nWORKDIR /app\n",
+        solution=("echo 'export GREETING=hi' >> /etc/skel/.bashrc\nrm -f /etc/skel/.compactrl-absent\n"
+                  "mkdir -p /var/www/site && echo ok > /var/www/site/index.html\necho 1 > /run/site.pid\n"),
+        tests=("def test_greeting():\n    assert 'GREETING=hi' in open('/etc/skel/.bashrc').read()\n\n"
+               "def test_page():\n    assert open('/var/www/site/index.html').read() == 'ok\\n'\n"))
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
+    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    build = task.metadata["local_build"]["build"]
+    assert build["root_layer"] is True and build["owned"] == [["/etc/skel", True]]
+    assert {"/run", "/var/www"} <= set(task.metadata["writable_paths"])
+    gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    assert not noop["success"] and noop["sandbox_error"] is None
+    # the episode wrote into its own upper layer: the host's file is as it was
+    assert (open("/etc/skel/.bashrc").read() if os.path.exists("/etc/skel/.bashrc") else None) == host_bashrc
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
+def test_a_folder_the_steps_remove_whole_is_not_in_the_episode(tmp_path, cache) -> None:
+    # `RUN kotlinc /build/V.kt -d /app/v.jar && rm -rf /build` (android-license-keygen): /build is a mount
+    # point while the steps run, so it is emptied, and the episode has no /build, as the image has none
+    folder = write_tb_task(
+        tmp_path / "removes-build", instruction="Copy /app/a.txt to /app/b.txt.",
+        dockerfile=("FROM python:3.12-slim\nWORKDIR /build\nRUN echo hi > /build/a.txt && mkdir -p /app "
+                    "&& cp /build/a.txt /app/a.txt && rm -rf /build\nWORKDIR /app\n"),
+        solution="cp a.txt b.txt\n",
+        tests=("import os\n\ndef test_b():\n    assert open('/app/b.txt').read() == 'hi\\n'\n\n"
+               "def test_no_build():\n    assert not os.path.exists('/build')\n"))
+    task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
+    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    assert task.metadata["local_build"]["build"]["gone"] == ["/build"]
+    assert "/build" not in task.metadata["writable_paths"]
+    gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    assert not noop["success"] and noop["sandbox_error"] is None

@@ -515,6 +515,13 @@ class Plan:
     they run as root, as the engine runs them, and what they change under the system folders is kept
     as the task's root layer (:func:`needs_root`)."""
 
+    gone: list[str] = field(default_factory=list)
+    """Roots the steps use and then remove whole (``rm -rf /build``): writable while they run, not in an episode."""
+    owned: list[list] = field(default_factory=list)
+    """``[path, recursive]`` of system files and folders copied into the root layer at prepare time, owned by
+    the sandbox's user, where a reference solution writes as the image's root (:func:`grant_system_writes`)."""
+    dirs: list[str] = field(default_factory=list)
+    """Folders made at prepare time (a package's ``/var/lib/<name>``: :func:`package_dirs`)."""
     wheelhouse: list[str] = field(default_factory=list)
     """What the reference solution installs (and what a uv project a build script creates adds): downloaded
     (wheels and their dependencies) into the state's ``wheelhouse/`` at prepare time, offered offline to an
@@ -539,6 +546,7 @@ class Plan:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
+                **({"gone": self.gone} if self.gone else {}), **({"owned": self.owned} if self.owned else {}), **({"dirs": self.dirs} if self.dirs else {}),
                 **({"served": self.served} if self.served else {}),
                 **({"downloads": self.downloads} if self.downloads else {}),
                 **({"wheelhouse": self.wheelhouse, "pip_command": "python3 -m pip"}
@@ -811,13 +819,17 @@ def solution_system_writes(script: str | None) -> str | None:
     """The first system file (under ``/etc``, ``/usr``...) a reference solution writes, moves or removes
     (``cat > /etc/nginx/conf.d/x``, ``sed -i ... /etc/x``, ``rm -f /etc/nginx/sites-enabled/default``),
     or None. The image's agent is root; the local sandbox's shell is not, so such a solution can only
-    change the system files its task's root layer put there."""
+    change the system files its task's root layer put there (:func:`grant_system_writes`)."""
+    return next(iter(system_writes(script)), None)
+
+
+def system_writes(script: str | None) -> list[str]:
+    """Every system path a script writes, moves or removes (:func:`solution_system_writes`), in order."""
+    out: list[str] = []
     for line in script_lines(script):
         if line.lstrip().startswith("#"):
             continue
-        m = re.search(r"(?<![<\d&])>>?\s*(/(?:etc|usr|bin|sbin|lib\w*)/[^\s;&|'\"]*)", line)
-        if m:
-            return m.group(1)
+        out += re.findall(r"(?<![<\d&])>>?\s*(/(?:etc|usr|bin|sbin|lib\w*)/[^\s;&|'\"]*)", line)
         for text, _sep in split_segments(line):
             words = _words(text)
             if not words or os.path.basename(words[0]) not in _WRITERS:
@@ -826,10 +838,106 @@ def solution_system_writes(script: str | None) -> str | None:
                 continue
             args = [w for w in words[1:] if not w.startswith("-")]
             targets = args[-1:] if words[0] in ("cp", "mv", "install", "ln") else args
-            for t in targets:
-                if re.match(r"/(etc|usr|bin|sbin|lib\w*)/", t):
-                    return t
+            out += [t for t in targets if re.match(r"/(etc|usr|bin|sbin|lib\w*)/", t)]
+    return list(dict.fromkeys(out))
+
+
+_USER_TOOLS = {"adduser", "useradd", "usermod", "groupadd", "addgroup", "chpasswd", "passwd", "su", "runuser"}
+
+
+def solution_users(script: str | None) -> str | None:
+    """The first command of a script that manages or becomes the image's other users (``adduser git``,
+    ``chpasswd``, ``su - git -c ...``, ``chown git:git``), or None: the local sandbox has one unprivileged
+    user and no others to create, log in as (sshd's password logins) or give files to."""
+    for line in script_lines(script):
+        if line.lstrip().startswith("#"):
+            continue
+        for text, _sep in split_segments(line):
+            words = _words(text)
+            if not words:
+                continue
+            tool = os.path.basename(words[0])
+            if tool in _USER_TOOLS or (tool == "sudo" and "-u" in words):
+                return " ".join(words[:3])
+            if tool in ("chown", "chgrp"):
+                owner = next((w for w in words[1:] if not w.startswith("-")), "")
+                if owner.split(":")[0].split(".")[0] not in ("", "root", "0", "$(whoami)", "$USER"):
+                    return " ".join(words[:3])
     return None
+
+
+def owned_system_paths(writes: list[str], exists=os.path.lexists) -> list[tuple[str, bool]]:
+    """``(path, recursive)`` of what the sandbox's user must own for those writes to succeed, as the image's
+    root would: a configuration folder under ``/etc`` whole (``/etc/nginx`` for ``/etc/nginx/conf.d/x``: a
+    solution also edits and removes its other files), elsewhere the folder that receives the file and the
+    file itself where it exists (``/usr/local/bin``, not the whole of ``/usr``)."""
+    out: dict[str, bool] = {}
+    for path in writes:
+        path = os.path.normpath(path)
+        parts = path.strip("/").split("/")
+        if parts[0] == "etc" and len(parts) > 2 and os.path.isdir(f"/etc/{parts[1]}"):
+            out[f"/etc/{parts[1]}"] = True
+            continue
+        folder = os.path.dirname(path)
+        while folder != "/" and not os.path.isdir(folder):  # `mkdir -p /etc/x/y`: its nearest existing folder
+            folder = os.path.dirname(folder)
+        if folder != "/":
+            out.setdefault(folder, False)
+        if path != folder and exists(path):
+            out.setdefault(path, os.path.isdir(path) and not os.path.islink(path) and parts[0] == "etc")
+    return list(out.items())
+
+
+_PACKAGE_DIRS = re.compile(r"^/var/(?:lib|log|spool|cache|www)/[^/]+$|^/var/www$")
+
+
+def package_dirs(packages: list[str]) -> list[str]:
+    """The folders under ``/var`` that these installed packages, and the packages of the same source they
+    depend on, own (``/var/lib/nginx``, ``/var/log/nginx`` of nginx-common for ``nginx``): where the image
+    has them once the package is installed; the local sandbox has no ``/var`` of this machine's."""
+    out: list[str] = []
+    for name in packages:
+        try:
+            res = subprocess.run(["dpkg-query", "-W", "-f=${source:Package}\n${Depends}", name],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if res.returncode != 0:
+            continue
+        source, _, depends = res.stdout.partition("\n")
+        deps = {d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", depends) if d.strip()}
+        same = [name] + sorted(d for d in deps if d != name and subprocess.run(
+            ["dpkg-query", "-W", "-f=${source:Package}", d], capture_output=True, text=True, timeout=30).stdout == source)
+        for pkg in same:
+            listing = subprocess.run(["dpkg-query", "-L", pkg], capture_output=True, text=True, timeout=30).stdout
+            out += [p for p in listing.splitlines() if _PACKAGE_DIRS.match(p) and os.path.isdir(p)]
+    return list(dict.fromkeys(out))
+
+
+def grant_system_writes(plan: Plan, script: str | None, packages: list[str]) -> list[str]:
+    """Let a reference solution configure the system as the image's root does (nginx: edit ``/etc/nginx``,
+    make ``/var/www/html``, start the service): what it writes under the system folders (:func:`system_writes`)
+    is copied into the task's root layer at prepare time, owned by the sandbox's user; the folders its
+    packages own under ``/var`` (:func:`package_dirs`), ``/run`` and the top folders the script writes
+    outside the system ones are the task's writable roots. Returns the written paths (nothing: no change)."""
+    writes = system_writes(script)
+    if not writes:
+        return []
+    owned = owned_system_paths(writes)
+    dirs = package_dirs(packages)
+    roots = {"/run"} | {"/var/" + d.split("/")[2] for d in dirs}
+    roots.update(r for r in task_roots([{"op": "run", "command": "\n".join(script_lines(script))}], None)
+                 if r.startswith("/var/"))
+    plan.owned = [[p, r] for p, r in owned]
+    plan.dirs = dirs
+    plan.roots = sorted({*plan.roots, *roots})
+    plan.root_layer = True
+    plan.mapped.append(
+        f"the reference solution changes system files as the image's root ({', '.join(writes[:4])}): "
+        + ", ".join(p + ("/" if r else "") for p, r in owned) + " copied into the task's root layer, owned by the "
+        "sandbox's user" + (f"; its packages' folders made ({', '.join(dirs)})" if dirs else "")
+        + f"; writable here: {', '.join(sorted(roots))}")
+    return writes
 
 
 INSTALL_HINT = "; `compactrl tasks validate --install-system-packages` installs them here"
@@ -979,7 +1087,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                           "offline, which installs it where the published one would")
     root = (workdir or "").rstrip("/") + "/"
     apt_why = None
-    for step in steps:
+    emptied: dict[str, int] = {}  # a top folder a step removes whole (`rm -rf /build`) -> that step's index
+    for index, step in enumerate(steps):
         op = step["op"]
         if op == "other":
             return None, f"needs its image: {step['text'][:160]}"
@@ -1082,6 +1191,14 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                                       "offline")
                 elif seg.action == "noop":
                     text = " true "
+                elif tops := _removed_tops(seg.words):
+                    # the folder is a mount point here (a writable root): emptied, and not among the episode's
+                    # folders unless a later step makes it again (see below)
+                    rest = [w for w in seg.words[1:] if w.rstrip("/") not in tops]
+                    text = " { " + "".join(f"{shlex.join(['rm', *rest])} && " if any(
+                        not w.startswith("-") for w in rest) else "") + " && ".join(
+                        f"find {shlex.quote(t)} -mindepth 1 -delete" for t in tops) + "; } "
+                    emptied.update(dict.fromkeys(tops, index))
                 elif needs_root(seg.words) or re.search(r">\s*/(etc|usr|bin|sbin|lib)\b", text):
                     out.root_layer = True
                 pieces.append(text + sep)
@@ -1101,9 +1218,20 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         out.git_mirror = git_mirror
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     out.roots = task_roots(steps, workdir)
+    gone = {t for t, i in emptied.items() if t not in task_roots(steps[i + 1:], None)
+            and not (workdir or "").startswith(t.rstrip("/") + "/") and workdir != t}
+    out.gone = sorted(r for r in out.roots if r in gone)
     needed = (any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or out.wheelhouse or out.served
               or len(out.env) > 1)
     return (out if needed else None), None
+
+
+def _removed_tops(words: list[str]) -> list[str]:
+    """The top folders outside the system ones (``/build``) that an ``rm -r`` removes whole."""
+    if not words or words[0] != "rm" or not any(re.match(r"-[a-zA-Z]*[rR]", w) or w == "--recursive" for w in words):
+        return []
+    tops = [w.rstrip("/") for w in words[1:] if re.fullmatch(r"/[A-Za-z0-9_][A-Za-z0-9_.-]*/?", w)]
+    return [t for t in tops if t.strip("/") not in _NOT_TASK_ROOTS]
 
 
 def digest_of(dockerfile: str, context: str, extra: str = "") -> str:
@@ -1335,7 +1463,18 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                 tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
                 what = "timed out" if res.timed_out else f"exit {res.exit_code}"
                 return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
-        _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")])
+        if build.get("dirs"):
+            res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
+            if res.exit_code != 0:
+                return f"needs its image: its packages' folders ({res.output.strip()[-200:]})"
+        for path, recursive in build.get("owned") or () if root else ():
+            # changing a file's owner in the overlay copies it up into the layer (_finish_layer gives it to the
+            # sandbox's user); its owner stays root's until then
+            res = sandbox.exec(f"chown {'-R ' if recursive else ''}-h 0:0 -- {shlex.quote(path)}")
+            if res.exit_code != 0:
+                return f"needs its image: the system files its solution writes ({res.output.strip()[-200:]})"
+        _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")
+                                            and r not in build.get("gone", ())])
         work = os.path.join(sandbox.session_dir, "work")
         tar = os.path.join(work, ROOTS_TAR)
         if os.path.isfile(tar) and os.path.getsize(tar) > 0:
@@ -1395,7 +1534,8 @@ def _archive_roots(sandbox, timeout_s: float, extra_roots: list[str]) -> None:
     # mount under ``/root/.cache``) is left out: that folder is the sandbox's own (root's) in an episode,
     # so nothing can be restored into it; it holds tools' caches
     inner = blocked - {p.strip("/") for p in roots}
-    entries = [e for e in entries_text.splitlines() if e and e not in blocked
+    # util-linux's own record of the sandbox's mounts (``/run/mount/utab``) is not the steps'
+    entries = [e for e in entries_text.splitlines() if e and e not in blocked and e.split("/")[:2] != ["run", "mount"]
                and not any(e.startswith(m + "/") for m in mounts)
                and not any("/".join(e.split("/")[:k]) in inner for k in range(1, e.count("/") + 1))]
     if not entries:

@@ -44,6 +44,7 @@ from typing import Any
 from compactrl.envs.loaders.tb_files import executable_files, read_limited, task_files
 from compactrl.envs.loaders.tb_local_build import (
     BASE_PATH,
+    Plan,
     GO_PACKAGES,
     PrepareError,
     _host_has_package,
@@ -56,6 +57,8 @@ from compactrl.envs.loaders.tb_local_build import (
     solution_network,
     solution_requirements,
     solution_system_writes,
+    solution_users,
+    grant_system_writes,
     uv_added_requirements,
     wheelhouse_env,
 )
@@ -468,11 +471,21 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if renames and not why and config.backend != "docker":
         plan, why = None, (f"needs its image: its tests rename a file into /tmp ({renames}), which fails across file "
                            "systems (EXDEV): the local sandbox's /tmp is a file system of its own, the image's is not")
-    writes = solution_system_writes(_solutions(meta))
-    if writes and not why and not (plan is not None and plan.root_layer):
-        plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
-                           f"({writes}); the local sandbox's shell is unprivileged")
     packages = apt_packages(facts.steps, [_solutions(meta)])
+    users = solution_users(_solutions(meta))
+    if users and not why:
+        plan, why = None, (f"needs its image: the reference solution manages the image's users ({users}); the local "
+                           "sandbox has one unprivileged user")
+    writes = solution_system_writes(_solutions(meta))
+    if writes and not why and spec.dockerfile and os.geteuid() == 0:
+        # as the image's root: what it writes there is the sandbox user's in the task's root layer
+        if plan is None:  # nothing of the Dockerfile's to replay
+            plan = Plan(key=digest, env={"PATH": BASE_PATH})
+        grant_system_writes(plan, _solutions(meta), [p for p in packages if _host_has_package(p)])
+    elif writes and not why and not (plan is not None and plan.root_layer):
+        plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
+                           f"({writes}); the local sandbox's shell is unprivileged (a root layer needs compactrl to "
+                           "run as root)")
     go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
     if go_why:
         plan, why = None, go_why
@@ -499,7 +512,8 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
             # pip builds in /tmp before moving into its target (jupyter and its dependencies: ~400 MiB); an
             # image's /tmp is on its disk
             meta["limits"]["tmpfs_bytes"] = max(meta["limits"].get("tmpfs_bytes", 0), config.writable_bytes)
-        meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *plan.roots]))
+        meta["writable_paths"] = list(dict.fromkeys([*meta["writable_paths"], *(r for r in plan.roots
+                                                                                 if r not in plan.gone)]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
     if toolchain and not why:
