@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -889,12 +890,19 @@ class LocalSandbox:
             before = self._install_hidden(check.hidden_files)
         except OSError as e:  # the agent put something in the way (a directory, a symlink out)
             return hidden_files_blocked(e)
+        watch = _FillWatch(self._shell_pid, ["/tmp", *self._writable()])
         try:
-            res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
+            with watch:
+                res = self._run(check.command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:
             self._restore_hidden(hidden_restore_plan(self.task, before))
         report = report_from_run(check, res, self.config.output_limit_bytes)
         hit = self.limit_hit(res)
+        if hit is None and not report.success and watch.full:
+            # the error itself may be in no output the tests print (a subprocess's stderr they do not show)
+            hit = (f"private tmpfs full: {watch.full} was full while the tests ran (/tmp "
+                   f"{_size(self._limit('tmpfs_bytes'))}: tmpfs_bytes; other writable folders "
+                   f"{_size(self._limit('writable_bytes'))} each: writable_bytes)")
         if hit:
             report = dataclasses.replace(report, limit_hit=hit, log_tail=f"{report.log_tail}\n[sandbox limit hit: {hit}]")
         return report
@@ -947,6 +955,40 @@ class LocalSandbox:
                     fs.write_bytes(rel, data)
             except OSError as e:  # the tests may have removed or replaced it; nothing to restore then
                 log.debug("could not restore hidden file %s: %s", rel, e)
+
+
+class _FillWatch:
+    """While a command runs, samples how full the sandbox's private tmpfs folders are (through the shell's
+    ``/proc/<pid>/root``, every ``interval_s``); ``full`` is the first one seen full (99% of its blocks
+    used), else None. A sample can miss a folder that was full only for a moment (filled, then removed)."""
+
+    def __init__(self, pid: int | None, paths: list[str], interval_s: float = 0.01) -> None:
+        self.paths = [p for p in paths if pid is not None]
+        self.pid, self.interval_s, self.full = pid, interval_s, None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _FillWatch:
+        if self.paths:
+            self._thread = threading.Thread(target=self._sample, name="sandbox-fill-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s) and self.full is None:
+            for path in self.paths:
+                try:
+                    st = os.statvfs(f"/proc/{self.pid}/root{path}")
+                except OSError:
+                    continue
+                if st.f_blocks and st.f_bavail * 100 <= st.f_blocks:
+                    self.full = path
+                    return
 
 
 _MEMORY_ERRORS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "[Errno 12]",
