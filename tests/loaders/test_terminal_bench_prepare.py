@@ -387,3 +387,20 @@ def test_a_folder_the_steps_remove_whole_is_not_in_the_episode(tmp_path, cache) 
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
+
+
+def test_a_test_script_install_prepare_cannot_do_is_flagged(tmp_path) -> None:
+    # pytorch-model-cli: `pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu` in its
+    # run-tests.sh; installed from nowhere, its tests ran against whatever this machine's Python had
+    script = ("pip install torch==2.7.1 torchvision==0.22.1 --index-url https://download.pytorch.org/whl/cpu\n"
+              "pip install numpy==2.3.1 pytest==8.4.1\npytest $TEST_DIR/test_outputs.py -rA\n")
+    assert tlb.unpreparable_install(script) == ("pip install from the package index https://download.pytorch.org/"
+                                                "whl/cpu (not PyPI, which prepare installs from)")
+    assert tlb.unpreparable_install("pip install numpy==2.3.1 pytest==8.4.1\n# pip install -e .\n") is None
+    folder = tmp_path / "torch-index"
+    write_tb_task(folder, instruction="x", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n",
+                  solution="echo ok > out.txt\n", tests="def test_x():\n    pass\n", **{"run-tests.sh": script})
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"] == (
+        "needs network: the test script runs pip install from the package index https://download.pytorch.org/whl/cpu "
+        "(not PyPI, which prepare installs from); prepare installs what test scripts install from PyPI only")

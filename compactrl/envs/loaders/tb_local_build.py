@@ -669,6 +669,19 @@ def solution_requirements(script: str | None) -> list[str]:
     return reqs
 
 
+def unpreparable_install(script: str | None) -> str | None:
+    """The first ``pip install`` (``uv pip install``) of a script that prepare cannot do ahead from PyPI (another
+    package index, a URL, a local project), or None."""
+    for line in script_lines(script):
+        if line.lstrip().startswith("#"):
+            continue
+        for text, _sep in split_segments(line):
+            seg = classify(text, {}, "")
+            if seg.action == "image" and str(seg.detail).startswith("pip install"):
+                return str(seg.detail)
+    return None
+
+
 # `uv add` options that take a value (the rest are flags)
 _UV_ADD_VALUES = {"--group", "--optional", "--package", "--script", "--tag", "--branch", "--rev", "--extra",
                   "--marker", "-m", "--bounds", "--python", "-p", "--directory", "--project", "--index",

@@ -58,6 +58,7 @@ from compactrl.envs.loaders.tb_local_build import (
     solution_requirements,
     solution_system_writes,
     solution_users,
+    unpreparable_install,
     grant_system_writes,
     uv_added_requirements,
     wheelhouse_env,
@@ -453,6 +454,10 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         plan, why = plan_build(facts.steps, files, spec.context, facts.workdir, digest, wanted,
                                solution_wheels=wheels, solution_served=served_installers(_solutions(meta)),
                                git_mirror=os.path.join(os.path.abspath(cache), "git") if cache else None)
+        gap = unpreparable_install(tests)
+        if gap and not why:  # the tests would run without it (or with whatever this machine's Python has)
+            plan, why = None, (f"needs network: the test script runs {gap}; prepare installs what test scripts "
+                               "install from PyPI only")
     services = [r for r in facts.image_only if r.startswith(("docker-compose services", "prebuilt image"))]
     if services:
         plan, why = None, f"needs its image: {services[0]}"

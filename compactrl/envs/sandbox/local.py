@@ -510,6 +510,9 @@ class LocalSandbox:
             # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
             "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+            # the shell programs start for their user (tmux's panes, `script`, editors' `:!`): the sandbox
+            # user's own login shell is nologin (nobody), an image's root has bash
+            "SHELL": "/bin/bash",
             **({} if self.config.pytest_plugin_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}),
         }
         env.update({k: v for k, v in own.items() if k not in ("HOME", "BASH_ENV", "ENV")})
