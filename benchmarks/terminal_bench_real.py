@@ -67,11 +67,12 @@ def _episode(task, policy, backend: str, kwargs: dict) -> dict:
             "log_tail": "\n".join(info.get("test_log_tail", "").splitlines()[-6:])}
 
 
-def run_docker(task, client) -> dict:
+def run_docker(task, client, network: str = "none") -> dict:
     from compactrl.envs.sandbox.base import SandboxError
     from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image, task_build
 
-    kwargs: dict = {}  # bases the engine lacks: their family substitutes (base_families=True)
+    # bases the engine lacks: their family substitutes (base_families=True)
+    kwargs: dict = {} if network == "none" else {"network": network}
     out: dict = {"base": _base(task)}
     started = time.monotonic()
     try:
@@ -279,6 +280,8 @@ def main() -> None:
     parser.add_argument("--download-cache", default=os.environ.get("COMPACTRL_DOWNLOAD_CACHE", ""),
                         help="things fetched ahead for the local backend's prepare: DIR/git/<host>/<owner>/<name>.git "
                              "bare mirrors of the repositories Dockerfile steps clone (TerminalBenchConfig.download_cache)")
+    parser.add_argument("--docker-network", default="none", help="network mode of the docker episodes "
+                        "(DockerSandboxConfig.network): 'none' (default) or e.g. 'bridge', as the harness runs them")
     parser.add_argument("--resume", action="store_true", help="keep the rows an earlier run of the same --out "
                         "finished (OUT.jsonl, written row by row) and run only the others")
     args = parser.parse_args()
@@ -327,7 +330,7 @@ def main() -> None:
             continue
         row = {"task": rel, "format": f"{task.metadata['terminal_bench']['version']}.x", "source": source}
         if client is not None:
-            row["docker"] = run_docker(task, client)
+            row["docker"] = run_docker(task, client, args.docker_network)
         if "local" in backends:
             row["local"] = run_local(folder)
         elif earlier.get(rel):

@@ -142,3 +142,34 @@ def test_unreachable_engine_is_a_sandbox_error():
         sb.start(small_task())
     with pytest.raises(SandboxError, match="not started"):
         sb.exec("true")
+
+
+def test_docker_network_must_name_a_mode():
+    from compactrl.envs.sandbox.docker import DockerSandboxConfig
+
+    assert DockerSandboxConfig().network == "none"
+    with pytest.raises(ValueError, match="network must be a network mode"):
+        DockerSandboxConfig(network=" ")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(120)
+def test_docker_network_is_the_configured_mode():
+    """``network="host"`` (as a harness that gives its containers the network): a listener on the host's
+    loopback is reached; by default (``"none"``) it is not (test_sandbox_security.py)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(30)
+    port = server.getsockname()[1]
+    sb = make_backend("docker", network="host")
+    try:
+        sb.start(small_task())
+        res = sb.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=10)\""
+                      " && echo CONNECTED", timeout_s=30)
+        assert "CONNECTED" in res.output, res.output
+        conn, _ = server.accept()
+        conn.close()
+    finally:
+        sb.close()
+        server.close()

@@ -6,8 +6,8 @@ service``); the engine is chosen by ``base_url`` or, by default, ``DOCKER_HOST``
 * runs the task's image (``task.docker_image``), the task's own image built from its Dockerfile
   (``metadata["image_build"]``, see :func:`build_task_image`) or ``config.image``, kept alive by a
   small reaping ``/bin/sh`` loop as PID 1;
-* has no network (``network_mode="none"``), memory / CPU / process-count limits, no capabilities
-  and ``no-new-privileges``; when the work dir is filled from the task, the root file system is
+* has no network (``network_mode="none"``; ``network`` names another mode), memory / CPU /
+  process-count limits, no capabilities and ``no-new-privileges``; when the work dir is filled from the task, the root file system is
   read-only and the work dir and ``/tmp`` are size-limited tmpfs mounts;
 * carries labels naming its owner process, so containers of crashed episodes are removed later.
 
@@ -133,7 +133,12 @@ class DockerSandboxConfig:
     and cached in the engine; a base with no substitute is named with the reason."""
     build_network: str | None = None
     """Network mode of image builds (``"host"``, ``"none"``...; None: the engine's default). The
-    running container has no network whatever this is."""
+    running container's is ``network``."""
+    network: str = "none"
+    """Network mode of the running container: ``"none"`` (default: only a loopback of its own, nothing
+    an agent does reaches out), or one the engine knows (``"bridge"``, ``"host"``, a network's name) to
+    run as Terminal-Bench's harness does (its containers have the network: a reference solution that
+    ``apt-get install``s nginx, a test script that ``pip install``s pytest)."""
     keep_background: bool = False
     """Leave what a command starts in the background running after it (a server the tests talk to),
     as Terminal-Bench's tmux session does; a task's ``metadata["keep_background"]`` asks for it too.
@@ -150,6 +155,9 @@ class DockerSandboxConfig:
         if any(not a or not b for a, b in pairs):
             raise ValueError(f"base_images must map non-empty image names, got {self.base_images!r}")
         object.__setattr__(self, "base_images", pairs)
+        if not isinstance(self.network, str) or not self.network.strip():
+            raise ValueError(f"network must be a network mode ('none', 'bridge', 'host', a network's name), "
+                             f"got {self.network!r}")
         if not isinstance(self.image, str) or not self.image:
             raise ValueError(f"image must be a non-empty image name, got {self.image!r}")
         if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/proc", "/dev"):
@@ -583,7 +591,7 @@ class DockerSandbox:
             tmpfs[self._workdir] = f"size={cfg.workdir_bytes},mode=0755,exec"
         kwargs = dict(
             image=self.image, entrypoint=["/bin/sh", "-c", _INIT], command=[], detach=True,
-            network_mode="none", network_disabled=True, mem_limit=cfg.memory_bytes,
+            network_mode=cfg.network, network_disabled=cfg.network == "none", mem_limit=cfg.memory_bytes,
             memswap_limit=cfg.memory_bytes, nano_cpus=int(cfg.cpus * 1e9), pids_limit=cfg.max_processes,
             read_only=read_only, tmpfs=tmpfs, working_dir=self._workdir,
             # HOME as the sim's shell has it, unless the image's own setup may depend on its HOME
