@@ -23,10 +23,25 @@ def test_shell_names_bash() -> None:
         sb.close()
 
 
+def _isolation_ok(kind: str) -> bool:
+    from compactrl.envs.sandbox.base import SandboxError
+    from compactrl.envs.sandbox.local import choose_isolation
+
+    try:
+        return choose_isolation(kind) == kind
+    except SandboxError:
+        return False
+
+
 @pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed here")
-def test_a_tmux_pane_runs_what_is_sent_to_it() -> None:
-    sb = LocalSandbox(timeout_s=60, keep_background=True)
+@pytest.mark.parametrize("isolation", ["bwrap", "unshare"])
+def test_a_tmux_pane_runs_what_is_sent_to_it(isolation) -> None:
+    # pseudo-terminals: bubblewrap's --dev has its own devpts; the unshare script mounts one (a task with a
+    # root layer isolates with unshare)
+    if not _isolation_ok(isolation):
+        pytest.skip(f"{isolation} isolation is not available here")
+    sb = LocalSandbox(timeout_s=60, keep_background=True, isolation=isolation)
     try:
         sb.start(small_task())
         assert sb.exec("tmux new-session -d -s w -x 80 -y 24 && tmux split-window -v -t w").exit_code == 0

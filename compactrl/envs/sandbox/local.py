@@ -680,6 +680,9 @@ class LocalSandbox:
             'ln -s /proc/self/fd "$R/dev/fd"; ln -s /proc/self/fd/0 "$R/dev/stdin"',
             'ln -s /proc/self/fd/1 "$R/dev/stdout"; ln -s /proc/self/fd/2 "$R/dev/stderr"',
             'mkdir -p "$R/dev/shm"; mount -t tmpfs -o mode=1777,size=16m shm "$R/dev/shm"',
+            # pseudo-terminals of its own (tmux's panes, `script`), as bubblewrap's --dev makes them
+            'mkdir -p "$R/dev/pts"; mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$R/dev/pts"'
+            ' && ln -s pts/ptmx "$R/dev/ptmx"',
         ]
         for path in self._writable():
             lines.append(f'mkdir -p "$R"{q(path)}; mount -t tmpfs -o mode=1777,size={self._limit("writable_bytes")} '
