@@ -318,9 +318,9 @@ def main() -> None:
             continue
         folder = os.path.join(args.tasks_root, rel)
         try:
-            # with the network, the test scripts run as published, installs and all (as the harness runs them)
-            task = load_task_dir(folder, TerminalBenchConfig(grading="script") if args.docker_network != "none"
-                                 else TerminalBenchConfig())
+            # grading auto also with --docker-network: the scripts' installers (astral.sh's uv) are not reachable
+            # from every machine that reaches PyPI and Debian's mirror
+            task = load_task_dir(folder)
         except TerminalBenchError as e:  # not valid as published, or a form the loader does not take (said in e)
             row = {"task": rel, "format": source.rsplit("(", 1)[-1].rstrip(")") if "(" in source else "?",
                    "source": source, "invalid": str(e)}

@@ -111,7 +111,7 @@ def test_test_time_installs_become_grader_requirements() -> None:
         "numpy==2.1.3", "scipy"]
     lines = bi.grader_layer(["numpy==2.3.1"], "app")
     assert lines[0] == "USER root" and lines[-1] == "USER app"
-    assert f"--target {bi.GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_DIR}/pip ]" in lines[1]
+    assert f"--target {bi.GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_PIP_DIR}/pip ]" in lines[1]
     assert bi.grader_layer([], None) == []
 
 

@@ -54,6 +54,9 @@ ROOT_LAYOUT = "2"
 """Version of what :func:`build_root` puts in a root (a cached root of another version is rebuilt)."""
 SUBSTITUTE_REPO = "compactrl-base"
 GRADER_DIR = "/opt/compactrl/grader"
+GRADER_PIP_DIR = "/opt/compactrl/grader-pip"
+"""The grader's pip, apart from :data:`GRADER_DIR` (which is on the tests' ``PYTHONPATH``): a test that
+imports pip must see the image's (broken-python's image has none)."""
 GRADER_PYTHON_DIR = "/opt/compactrl/python"
 _GRADER_PY = f'"$(command -v python3 || echo {GRADER_PYTHON_DIR}/bin/python3)"'
 GRADER_PYTHON_VERSIONS = ("3.12", "3.13", "3.11")
@@ -675,7 +678,7 @@ def test_requirements(scripts: list[str]) -> list[str]:
 
 def grader_layer(requirements: list[str], user: str | None) -> list[str]:
     """Dockerfile lines that install ``requirements`` for the image's python3 into
-    :data:`GRADER_DEPS_DIR` with the grader's pip (only where the image has the grader: a family
+    :data:`GRADER_DEPS_DIR` with the grader's pip (:data:`GRADER_PIP_DIR`; only where the image has the grader: a family
     substitute), trusting the build machine's CA; the image's ``USER`` is restored after."""
     if not requirements:
         return []
@@ -683,7 +686,7 @@ def grader_layer(requirements: list[str], user: str | None) -> list[str]:
 
     reqs = " ".join(shlex.quote(r) for r in requirements)
     lines = ["USER root",
-             f"RUN if [ -d {GRADER_DIR}/pip ]; then PYTHONPATH={GRADER_DIR} PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
+             f"RUN if [ -d {GRADER_PIP_DIR}/pip ]; then PYTHONPATH={GRADER_PIP_DIR} PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
              f" {_GRADER_PY} -m pip install --quiet --no-cache-dir --disable-pip-version-check --target {GRADER_DEPS_DIR}"
              f" {reqs}; fi"]
     return lines + ([f"USER {user}"] if user else [])
@@ -724,8 +727,10 @@ def _recipe_context(recipe: Recipe, root_name: str, root_id: str,
                   f" && chmod 755 {GRADER_PYTHON_DIR}/bin/python3 && {GRADER_PYTHON_DIR}/bin/python3 -c 'import sys'"]
     if recipe.grader_python:
         grader += ["COPY grader-wheels/ /tmp/grader-wheels/",
-                   f"RUN for w in /tmp/grader-wheels/*.whl; do {_GRADER_PY} -m zipfile -e \"$w\" {GRADER_DIR} || exit 1; done"
-                   f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} -name '*.dist-info' -prune -o -type d -exec chmod 755 {{}} +"
+                   f"RUN for w in /tmp/grader-wheels/*.whl; do case \"${{w##*/}}\" in pip-*) d={GRADER_PIP_DIR};;"
+                   f" *) d={GRADER_DIR};; esac; {_GRADER_PY} -m zipfile -e \"$w\" $d || exit 1; done"
+                   f" && rm -rf /tmp/grader-wheels && find {GRADER_DIR} {GRADER_PIP_DIR} -name '*.dist-info' -prune -o"
+                   " -type d -exec chmod 755 {} +"
                    f" && PYTHONPATH={GRADER_DIR} {_GRADER_PY} -m pytest --version"]
     stages = [line for root, stage, steps in recipe.stages
               for line in (f"FROM {stage_roots[root][0]} AS {stage}", *_CA_STEPS, *steps)]
