@@ -44,13 +44,14 @@ from typing import Any
 from compactrl.envs.loaders.tb_files import executable_files, read_limited, task_files
 from compactrl.envs.loaders.tb_local_build import (
     BASE_PATH,
-    Plan,
     GO_PACKAGES,
+    Plan,
     PrepareError,
     _host_has_package,
     apt_packages,
     digest_of,
     go_requirement,
+    grant_system_writes,
     host_go_version,
     offline_installs,
     served_installers,
@@ -59,7 +60,6 @@ from compactrl.envs.loaders.tb_local_build import (
     solution_system_writes,
     solution_users,
     unpreparable_install,
-    grant_system_writes,
     uv_added_requirements,
     wheelhouse_env,
 )
