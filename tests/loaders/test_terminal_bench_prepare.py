@@ -404,3 +404,32 @@ def test_a_test_script_install_prepare_cannot_do_is_flagged(tmp_path) -> None:
     assert task.metadata["not_gradable"] == (
         "needs network: the test script runs pip install from the package index https://download.pytorch.org/whl/cpu "
         "(not PyPI, which prepare installs from); prepare installs what test scripts install from PyPI only")
+
+
+def test_tests_that_fetch_from_the_network_are_flagged(tmp_path) -> None:
+    # broken-networking: its test runs `curl example.com`; the harness's container has the network
+    folder = tmp_path / "fetches"
+    write_tb_task(folder, instruction="fix curl", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n",
+                  solution="echo ok\n",
+                  tests=("import os\n\ndef test_curl():\n    os.popen('curl example.com > /app/example.html').read()\n"
+                         "    assert open('/app/example.html').read()\n"))
+    task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
+    assert task.metadata["not_gradable"] == ("needs network: its tests fetch from the network at test time "
+                                             "(tests/test_outputs.py fetches example.com; the local sandbox has none)")
+    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    # this machine's own servers are not the network
+    (folder / "tests" / "test_outputs.py").write_text(
+        "import requests\n\ndef test_up():\n    requests.get('http://localhost:8080/health')\n"
+        "    os.popen('curl -s http://127.0.0.1:5000/x')\n")
+    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+
+
+def test_hub_downloads_by_command_line_tools_are_seen() -> None:
+    # eval-mteb: `mteb run -m BAAI/bge-small-en-v1.5 -t STS12` fetches the model (and the task's data) from the hub
+    assert tlb.solution_network("ls\nmteb run -m BAAI/bge-small-en-v1.5 -t STS12\n") == (
+        "mteb run -m BAAI/bge-small-en-v1.5 (the Hugging Face hub)")
+    assert tlb.solution_network("huggingface-cli download Qwen/Qwen2.5-0.5B --local-dir m\n").startswith(
+        "huggingface-cli download")
+    assert tlb.solution_network("python -c \"SentenceTransformer('all-MiniLM-L6-v2')\"\n") == (
+        "SentenceTransformer('all-MiniLM-L6-v2') (the Hugging Face hub)")
+    assert tlb.solution_network("# mteb run -m org/x\nmteb --help\npython -c \"SentenceTransformer('/app/m')\"\n") is None

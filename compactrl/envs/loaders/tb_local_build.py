@@ -721,7 +721,7 @@ _FETCHERS = {"curl", "wget", "git", "uv", "uvx", "npm", "npx", "yarn", "pnpm", "
              "apk", "yum", "dnf", "rustup", "bun", "deno", "aws", "gsutil", "huggingface-cli"}
 # Python that downloads from the Hugging Face hub: the call, and its first argument (a literal, or a name
 # assigned a literal in the script)
-_HUB_CALL = re.compile(r"\b(from_pretrained|load_dataset|hf_hub_download|snapshot_download)\(\s*"
+_HUB_CALL = re.compile(r"\b(from_pretrained|load_dataset|hf_hub_download|snapshot_download|SentenceTransformer)\(\s*"
                        r"(?:(?:repo_id|pretrained_model_name_or_path|path)\s*=\s*)?(?:['\"]([^'\"]+)['\"]|([A-Za-z_]\w*))")
 
 
@@ -729,9 +729,19 @@ _DATASET_BUILDERS = {"csv", "json", "parquet", "text", "arrow", "pandas", "image
                      "sql", "generator"}
 
 
+# command-line tools that fetch a model from the hub: `huggingface-cli download org/name`, `hf download`,
+# `mteb run -m org/name` (eval-mteb)
+_HUB_CLI = re.compile(r"(?m)^[^#\n]*?\b(?:(?:huggingface-cli|hf)\s+download\s+|mteb\s+run\b[^\n]*?(?:-m|--model)\s+)"
+                      r"['\"]?([A-Za-z0-9][\w.-]*/[\w.-]+)")
+
+
 def _hub_download(script: str) -> str | None:
-    """The first Hugging Face hub download a script's Python makes (``from_pretrained("Qwen/...")``,
-    ``load_dataset(name)`` with ``name = "org/set"``), or None; a path (``/``, ``.``, ``~``) is local."""
+    """The first Hugging Face hub download a script makes: from its Python (``from_pretrained("Qwen/...")``,
+    ``load_dataset(name)`` with ``name = "org/set"``, ``SentenceTransformer("org/name")``) or a command-line
+    tool (:data:`_HUB_CLI`), or None; a path (``/``, ``.``, ``~``) is local."""
+    cli = _HUB_CLI.search(script)
+    if cli:
+        return f"{cli.group(0).strip()} (the Hugging Face hub)"
     names = dict(re.findall(r"(?m)^\s*([A-Za-z_]\w*)\s*=\s*['\"]([^'\"]+)['\"]", script))
     for m in _HUB_CALL.finditer(script):
         value = m.group(2) if m.group(2) is not None else names.get(m.group(3) or "")

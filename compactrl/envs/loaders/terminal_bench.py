@@ -472,6 +472,9 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if moves and not why:
         plan, why = None, (f"needs its image: its tests move /tests away ({moves}), a mount point in the local "
                            "sandbox (a plain folder in the image)")
+    remote = next(filter(None, map(_tests_fetch_remote, spec.steps or [spec])), None)
+    if remote and not why and config.backend != "docker":
+        plan, why = None, f"needs network: its tests fetch from the network at test time ({remote}; the local sandbox has none)"
     renames = next(filter(None, map(_tests_rename_into_tmp, spec.steps or [spec])), None)
     if renames and not why and config.backend != "docker":
         plan, why = None, (f"needs its image: its tests rename a file into /tmp ({renames}), which fails across file "
@@ -556,6 +559,26 @@ def _tests_move_tests_dir(spec: TaskSpec) -> str | None:
 
 # `os.rename("mystery", "/tmp/mystery")`, `os.replace(x, "/tmp/y")`, `Path(x).rename("/tmp/y")`
 _RENAME_INTO_TMP = re.compile(r"""(?:os\.(?:rename|replace)\([^)\n]*,|\.rename\()\s*(?:f?["']/tmp/)""")
+
+
+# a test's own fetch from a remote host: `os.popen("curl example.com > f")`, `requests.get("https://x.org/...")`,
+# `urlopen("http://...")` (a host other than this machine's loopback)
+_LOCAL_HOSTS = r"(?!(?:localhost|127\.0\.0\.1|0\.0\.0\.0)\b)"
+_REMOTE_FETCH = re.compile(
+    r"\b(?:curl|wget)\b[^\n\"'|;&]*?\s(?:https?://)?" + _LOCAL_HOSTS + r"((?:[A-Za-z0-9-]+\.)+(?:com|org|net|io|dev|ai|edu|gov|co))\b"
+    r"|\b(?:requests\.(?:get|post|head)|urlopen|urlretrieve)\(\s*['\"]https?://" + _LOCAL_HOSTS + r"([A-Za-z0-9.-]+)")
+
+
+def _tests_fetch_remote(spec: TaskSpec) -> str | None:
+    """``"tests/x.py fetches example.com"`` when a test file fetches from a host other than this machine
+    (broken-networking's test runs `curl example.com`): the harness's containers have the network, the local
+    sandbox none. None when no test does."""
+    for rel in spec.test_files:
+        if rel.endswith((".py", ".sh")) and rel not in ("setup-uv-pytest.sh", "run-uv-pytest.sh", "test.sh"):
+            m = _REMOTE_FETCH.search(_text(os.path.join(spec.folder, "tests", rel)) or "")
+            if m:
+                return f"tests/{rel} fetches {m.group(1) or m.group(2)}"
+    return None
 
 
 def _tests_rename_into_tmp(spec: TaskSpec) -> str | None:
