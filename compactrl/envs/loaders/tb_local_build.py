@@ -148,6 +148,12 @@ def script_lines(text: str | None) -> list[str]:
     return re.sub(r"\\\r?\n", " ", text or "").splitlines()
 
 
+def command_segments(script: str | None) -> list[str]:
+    """The command segments (:func:`split_segments`) of a script's logical lines that are not comments."""
+    return [text for line in script_lines(script) if not line.lstrip().startswith("#")
+            for text, _sep in split_segments(line)]
+
+
 _REDIRECTION = re.compile(r"^(?:\d*(?:>>?|<<?|>&|<&|>\|)|&>>?)(.*)$")
 
 
@@ -546,7 +552,8 @@ class Plan:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
                 **({"tools": self.tools} if self.tools else {}),
-                **({"gone": self.gone} if self.gone else {}), **({"owned": self.owned} if self.owned else {}), **({"dirs": self.dirs} if self.dirs else {}),
+                **({"gone": self.gone} if self.gone else {}), **({"owned": self.owned} if self.owned else {}),
+                **({"dirs": self.dirs} if self.dirs else {}),
                 **({"served": self.served} if self.served else {}),
                 **({"downloads": self.downloads} if self.downloads else {}),
                 **({"wheelhouse": self.wheelhouse, "pip_command": "python3 -m pip"}
@@ -672,13 +679,10 @@ def solution_requirements(script: str | None) -> list[str]:
 def unpreparable_install(script: str | None) -> str | None:
     """The first ``pip install`` (``uv pip install``) of a script that prepare cannot do ahead from PyPI (another
     package index, a URL, a local project), or None."""
-    for line in script_lines(script):
-        if line.lstrip().startswith("#"):
-            continue
-        for text, _sep in split_segments(line):
-            seg = classify(text, {}, "")
-            if seg.action == "image" and str(seg.detail).startswith("pip install"):
-                return str(seg.detail)
+    for text in command_segments(script):
+        seg = classify(text, {}, "")
+        if seg.action == "image" and str(seg.detail).startswith("pip install"):
+            return str(seg.detail)
     return None
 
 
@@ -872,20 +876,17 @@ def solution_users(script: str | None) -> str | None:
     """The first command of a script that manages or becomes the image's other users (``adduser git``,
     ``chpasswd``, ``su - git -c ...``, ``chown git:git``), or None: the local sandbox has one unprivileged
     user and no others to create, log in as (sshd's password logins) or give files to."""
-    for line in script_lines(script):
-        if line.lstrip().startswith("#"):
+    for text in command_segments(script):
+        words = _words(text)
+        if not words:
             continue
-        for text, _sep in split_segments(line):
-            words = _words(text)
-            if not words:
-                continue
-            tool = os.path.basename(words[0])
-            if tool in _USER_TOOLS or (tool == "sudo" and "-u" in words):
+        tool = os.path.basename(words[0])
+        if tool in _USER_TOOLS or (tool == "sudo" and "-u" in words):
+            return " ".join(words[:3])
+        if tool in ("chown", "chgrp"):
+            owner = next((w for w in words[1:] if not w.startswith("-")), "")
+            if owner.split(":")[0].split(".")[0] not in ("", "root", "0", "$(whoami)", "$USER"):
                 return " ".join(words[:3])
-            if tool in ("chown", "chgrp"):
-                owner = next((w for w in words[1:] if not w.startswith("-")), "")
-                if owner.split(":")[0].split(".")[0] not in ("", "root", "0", "$(whoami)", "$USER"):
-                    return " ".join(words[:3])
     return None
 
 
@@ -920,21 +921,24 @@ def package_dirs(packages: list[str]) -> list[str]:
     has them once the package is installed; the local sandbox has no ``/var`` of this machine's."""
     out: list[str] = []
     for name in packages:
-        try:
-            res = subprocess.run(["dpkg-query", "-W", "-f=${source:Package}\n${Depends}", name],
-                                 capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+        source, _, depends = _dpkg_query("-W", "-f=${source:Package}\n${Depends}", name).partition("\n")
+        if not source:
             continue
-        if res.returncode != 0:
-            continue
-        source, _, depends = res.stdout.partition("\n")
-        deps = {d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", depends) if d.strip()}
-        same = [name] + sorted(d for d in deps if d != name and subprocess.run(
-            ["dpkg-query", "-W", "-f=${source:Package}", d], capture_output=True, text=True, timeout=30).stdout == source)
-        for pkg in same:
-            listing = subprocess.run(["dpkg-query", "-L", pkg], capture_output=True, text=True, timeout=30).stdout
-            out += [p for p in listing.splitlines() if _PACKAGE_DIRS.match(p) and os.path.isdir(p)]
+        deps = sorted({d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", depends) if d.strip()} - {name})
+        # one query for every dependency's source package (a package apt does not have is left out of its output)
+        sources = dict(line.split("\t", 1) for line in _dpkg_query(
+            "-W", "-f=${Package}\t${source:Package}\n", *deps).splitlines() if "\t" in line) if deps else {}
+        same = [name] + [d for d in deps if sources.get(d) == source]
+        out += [p for p in _dpkg_query("-L", *same).splitlines() if _PACKAGE_DIRS.match(p) and os.path.isdir(p)]
     return list(dict.fromkeys(out))
+
+
+def _dpkg_query(*args: str) -> str:
+    """``dpkg-query``'s output ('' where it cannot run); a package it does not know is left out of it."""
+    try:
+        return subprocess.run(["dpkg-query", *args], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 def grant_system_writes(plan: Plan, script: str | None, packages: list[str]) -> list[str]:
@@ -973,13 +977,10 @@ def apt_packages(steps: list[dict], scripts: list[str | None] = ()) -> list[str]
     out: list[str] = []
     texts = [s["command"] for s in steps if s.get("op") == "run"] + [t for t in scripts if t]
     for text in texts:
-        for line in script_lines(text):
-            if line.lstrip().startswith("#"):
-                continue
-            for piece, _sep in split_segments(line):
-                seg = classify(piece, {}, "")
-                if seg.action == "apt":
-                    out += [p for p in seg.detail if p not in SESSION_TOOLS and p not in out]
+        for piece in command_segments(text):
+            seg = classify(piece, {}, "")
+            if seg.action == "apt":
+                out += [p for p in seg.detail if p not in SESSION_TOOLS and p not in out]
     return out
 
 

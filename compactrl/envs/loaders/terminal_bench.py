@@ -569,26 +569,32 @@ _REMOTE_FETCH = re.compile(
     r"|\b(?:requests\.(?:get|post|head)|urlopen|urlretrieve)\(\s*['\"]https?://" + _LOCAL_HOSTS + r"([A-Za-z0-9.-]+)")
 
 
+def _test_file_match(spec: TaskSpec, pattern: re.Pattern, suffixes: tuple[str, ...],
+                     skip: tuple[str, ...] = ()) -> tuple[str, re.Match] | None:
+    """``(tests/<file>, match)`` of the first test file (with one of ``suffixes``, not in ``skip``) whose text
+    ``pattern`` finds, or None."""
+    for rel in spec.test_files:
+        if rel.endswith(suffixes) and rel not in skip:
+            m = pattern.search(_text(os.path.join(spec.folder, "tests", rel)) or "")
+            if m:
+                return f"tests/{rel}", m
+    return None
+
+
 def _tests_fetch_remote(spec: TaskSpec) -> str | None:
     """``"tests/x.py fetches example.com"`` when a test file fetches from a host other than this machine
     (broken-networking's test runs `curl example.com`): the harness's containers have the network, the local
     sandbox none. None when no test does."""
-    for rel in spec.test_files:
-        if rel.endswith((".py", ".sh")) and rel not in ("setup-uv-pytest.sh", "run-uv-pytest.sh", "test.sh"):
-            m = _REMOTE_FETCH.search(_text(os.path.join(spec.folder, "tests", rel)) or "")
-            if m:
-                return f"tests/{rel} fetches {m.group(1) or m.group(2)}"
-    return None
+    found = _test_file_match(spec, _REMOTE_FETCH, (".py", ".sh"), ("setup-uv-pytest.sh", "run-uv-pytest.sh", "test.sh"))
+    return f"{found[0]} fetches {found[1].group(1) or found[1].group(2)}" if found else None
 
 
 def _tests_rename_into_tmp(spec: TaskSpec) -> str | None:
     """The test file that renames a file into ``/tmp`` (``os.rename("x", "/tmp/x")``): ``rename(2)``
     across file systems fails (``EXDEV``), and the local sandbox's ``/tmp`` is a file system of its own,
     where the image's is the same as the work dir's. None when no test does."""
-    for rel in spec.test_files:
-        if rel.endswith(".py") and _RENAME_INTO_TMP.search(_text(os.path.join(spec.folder, "tests", rel)) or ""):
-            return f"tests/{rel}"
-    return None
+    found = _test_file_match(spec, _RENAME_INTO_TMP, (".py",))
+    return found[0] if found else None
 
 
 def _go_toolchain(spec: TaskSpec, packages: list[str], files: dict[str, str], solution: str | None,

@@ -969,7 +969,7 @@ class _FillWatch:
     used), else None. A sample can miss a folder that was full only for a moment (filled, then removed)."""
 
     def __init__(self, pid: int | None, paths: list[str], interval_s: float = 0.01) -> None:
-        self.paths = [p for p in paths if pid is not None]
+        self.paths = paths if pid is not None else []
         self.pid, self.interval_s, self.full = pid, interval_s, None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
