@@ -116,7 +116,7 @@ def test_a_set_loads_good_tasks_and_reports_each_bad_one_in_a_line(tmp_path) -> 
     assert lines["yaml-syntax/task.yaml"].startswith("line 3: YAML syntax error")
     assert lines["yaml-unknown-key/task.yaml"] == "max_agent_timout_sec: unknown key (did you mean max_agent_timeout_sec?)"
     assert lines["toml-syntax/task.toml"].startswith("syntax: TOML syntax error")
-    assert lines["toml-unknown-key/task.toml"] == "verifier.timout_sec: unknown key (did you mean verifier.timeout_sec?)"
+    assert lines["toml-wrong-type/task.toml"] == "verifier.timeout_sec: must be a number, got 'ten'"
     assert lines["no-task-file"].startswith("task file: no task.yaml (1.x) or task.toml (2.x)")
     assert len(problems) == 5
     with pytest.raises(TerminalBenchError, match="no loadable task"):

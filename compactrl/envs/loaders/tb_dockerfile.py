@@ -47,11 +47,17 @@ class DockerfileFacts:
     inline: dict[str, str] = field(default_factory=dict)
     """``COPY <<EOT /dest`` heredocs: absolute destination -> content (their copies' source is
     :data:`INLINE` + the destination)."""
+    user: str | None = None
+    """The last ``USER`` of the last stage (None: the base image's, root for every base here)."""
+    home: str = "/root"
+    """The image's user's home: ``/root`` for root, else the one its ``useradd -d``/``adduser --home`` gave,
+    else ``/home/<name>`` (useradd's and adduser's default). The reference solution, the agent and the
+    verifier all run as that user in the image, so they share it."""
     steps: list[dict] = field(default_factory=list)
     """The last stage's steps in build order, for the local backend to replay
     (:mod:`~compactrl.envs.loaders.tb_local_build`): ``{"op": "workdir", "path"}``, ``{"op": "env",
     "vars"}`` (values as written), ``{"op": "copy", "pairs": [[src, dest], ...]}``, ``{"op": "run",
-    "command", "workdir"}``, ``{"op": "other", "text"}`` (an instruction the local backend does not
+    "command", "workdir"}``, ``{"op": "user", "name", "home"}``, ``{"op": "other", "text"}`` (an instruction the local backend does not
     replay: ``COPY --from``, ``ADD`` of a URL)."""
 
 
@@ -159,6 +165,11 @@ def read_dockerfile(path: str, context: str) -> DockerfileFacts:
             facts.steps.append({"op": "workdir", "path": workdir})
         elif keyword == "ENV":
             facts.steps.append({"op": "env", "vars": _env_pairs(rest)})
+        elif keyword == "USER":
+            name = rest.strip().strip('"').split(":")[0]
+            runs = [s["command"] for s in facts.steps if s["op"] == "run"]
+            facts.user, facts.home = name, user_home(name, runs)
+            facts.steps.append({"op": "user", "name": name, "home": facts.home})
         elif keyword in ("COPY", "ADD"):
             before = len(facts.copies), len(facts.image_only), len(facts.missing)
             _copy(facts, context, rest, workdir, keyword)
@@ -179,6 +190,31 @@ def read_dockerfile(path: str, context: str) -> DockerfileFacts:
             if needs:
                 facts.image_only.append(f"RUN {' '.join(needs)} (packages, network or a service): {rest[:80]}")
     return facts
+
+
+_USER_ADDERS = ("useradd", "adduser")
+
+
+def user_home(name: str, commands: list[str]) -> str:
+    """The home of the image's user ``name``: ``/root`` for root, else the ``-d``/``--home-dir``/``--home``
+    that a ``useradd``/``adduser`` of it in ``commands`` gave, else ``/home/<name>`` (both tools' default)."""
+    if name in ("root", "0", ""):
+        return "/root"
+    home = f"/home/{name}"
+    for command in commands:
+        for part in re.split(r"&&|\|\||;|\n", command):
+            try:
+                words = shlex.split(part)
+            except ValueError:
+                continue
+            if not words or posixpath.basename(words[0]) not in _USER_ADDERS or words[-1] != name:
+                continue
+            for i, word in enumerate(words[:-1]):
+                if word in ("-d", "--home-dir", "--home") and i + 1 < len(words) - 1:
+                    home = words[i + 1]
+                elif word.startswith(("--home-dir=", "--home=")):
+                    home = word.split("=", 1)[1]
+    return home
 
 
 def _env_pairs(rest: str) -> dict[str, str]:

@@ -1122,6 +1122,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
         if op == "env":
             for name, value in step["vars"].items():
                 env[name] = _expand(value, env)
+        elif op == "user":  # the later steps' `~` is that user's home, as in the image
+            env["HOME"] = step["home"]
         elif op == "copy":
             outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
             # a copy into the work dir that a later `RUN rm` removes is not among the task's files (the

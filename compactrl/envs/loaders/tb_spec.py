@@ -1,14 +1,19 @@
 """The task file of a Terminal-Bench folder (1.x ``task.yaml``, 2.x ``task.toml``) read and checked.
 
 Every problem is a :class:`TerminalBenchError` of one line, ``file: field: problem``: syntax
-errors (with the line), a misspelled key (an unknown key close to a known one), wrong types,
-missing pieces. Other unknown keys (published folders carry extras such as ``author``) are ignored,
-as the harness ignores them, and listed in ``TaskSpec.ignored_keys``.
+errors (with the line), wrong types, missing pieces, and in a 1.x ``task.yaml`` a misspelled key (an
+unknown key close to a known one). Other unknown keys (published folders carry extras such as
+``author``) are ignored, as the harness ignores them, and listed in ``TaskSpec.ignored_keys``. A 2.x
+``task.toml`` is read as Harbor's ``TaskConfig`` reads it: its pydantic models keep the default
+``extra="ignore"``, so every unknown key or table (``[[sources]]`` provenance, a newer
+``schema_version``'s fields, a misspelling) is ignored, never refused; a misspelling is listed with the
+key it is close to (``verifier.timout_sec (did you mean verifier.timeout_sec?)``) and logged.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import tomllib
@@ -25,14 +30,20 @@ YAML_KEYS = {"instruction", "descriptions", "author_name", "author_email", "diff
              "parser_name", "max_agent_timeout_sec", "max_test_timeout_sec", "run_tests_in_same_shell",
              "disable_asciinema", "estimated_duration_sec", "expert_time_estimate_min",
              "junior_time_estimate_min", "test_scripts"}
-# task.toml tables of Terminal-Bench 2.x and their keys (None: free-form).
+# task.toml tables of Terminal-Bench 2.x and their keys (None: free-form): the fields of Harbor 0.26's
+# TaskConfig and its tables (plus the older ``memory``/``storage`` spellings compactrl reads too).
 TOML_KEYS: dict[str, set[str] | None] = {
     "version": set(), "schema_version": set(), "source": set(), "task": None, "metadata": None,
-    "steps": None, "multi_step_reward_strategy": set(), "agent": {"timeout_sec"},
-    "verifier": {"timeout_sec", "env", "user", "environment_mode", "environment"}, "solution": {"env"},
-    "environment": {"build_timeout_sec", "docker_image", "cpus", "memory", "memory_mb", "storage", "storage_mb",
-                    "gpus", "gpu_types", "allow_internet", "workdir", "mcp_servers", "env"},
+    "steps": None, "multi_step_reward_strategy": set(), "artifacts": set(),
+    "agent": {"timeout_sec", "user", "network_mode", "allowed_hosts"},
+    "verifier": {"timeout_sec", "env", "user", "environment_mode", "environment", "collect", "network_mode",
+                 "allowed_hosts"},
+    "solution": {"env"},
+    "environment": {"build_timeout_sec", "docker_image", "os", "cpus", "memory", "memory_mb", "storage", "storage_mb",
+                    "gpus", "gpu_types", "tpu", "allow_internet", "workdir", "mcp_servers", "env", "skills_dir",
+                    "healthcheck", "network_mode", "allowed_hosts"},
 }
+log = logging.getLogger(__name__)
 PARSERS = ("pytest",)  # terminal-bench's parsers that compactrl reads as the harness does
 INFO_KEYS = ("difficulty", "category", "tags", "author_name", "run_tests_in_same_shell", "parser_name")
 
@@ -249,22 +260,31 @@ def _load_toml(path: str) -> dict:
     return spec
 
 
-def _unknown(path: str, keys: dict, known, prefix: str = "") -> list[str]:
-    """Unknown keys of ``keys``; one close to a known key is a misspelling (TerminalBenchError)."""
+def _unknown(path: str, keys: dict, known, prefix: str = "", strict: bool = True) -> list[str]:
+    """Unknown keys of ``keys``. One close to a known key is a misspelling: a TerminalBenchError when
+    ``strict`` (1.x), else ignored as Harbor ignores it, listed with the key it is close to and logged."""
     ignored = []
     for key in sorted(set(keys) - set(known)):
         close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
-        if close:
+        value = keys[key]
+        if not strict and (isinstance(value, dict) or (isinstance(value, list) and value
+                                                       and all(isinstance(v, dict) for v in value))):
+            close = []  # a table of its own (``[[sources]]`` beside ``source = "..."``), not a misspelling
+        if close and strict:
             raise TerminalBenchError(f"{path}: {prefix}{key}: unknown key (did you mean {prefix}{close[0]}?)")
-        ignored.append(prefix + key)
+        if close:
+            log.warning("%s: %s%s: unknown key, ignored as Harbor ignores it (did you mean %s%s?)",
+                        path, prefix, key, prefix, close[0])
+        ignored.append(prefix + key + (f" (did you mean {prefix}{close[0]}?)" if close else ""))
     return ignored
 
 
 def _toml_unknown(path: str, spec: dict) -> list[str]:
-    ignored = _unknown(path, spec, TOML_KEYS)
+    """Harbor's reader ignores unknown keys at every level (pydantic's default ``extra="ignore"``)."""
+    ignored = _unknown(path, spec, TOML_KEYS, strict=False)
     for table, known in TOML_KEYS.items():
         if known and isinstance(spec.get(table), dict):
-            ignored += _unknown(path, spec[table], known, f"{table}.")
+            ignored += _unknown(path, spec[table], known, f"{table}.", strict=False)
     return ignored
 
 
@@ -337,7 +357,7 @@ def _read_steps(folder: str, path: str, spec: dict, ignored: list[str]) -> TaskS
         if name.casefold() in seen:
             raise TerminalBenchError(f"{path}: {where}.name: {name!r} is used by another step")
         seen.add(name.casefold())
-        ignored += _unknown(path, step, STEP_KEYS, f"{where}.")
+        ignored += _unknown(path, step, STEP_KEYS, f"{where}.", strict=False)
         sub = os.path.join(folder, "steps", name)
         instruction = _text(os.path.join(sub, "instruction.md"))
         if not instruction or not instruction.strip():

@@ -378,6 +378,8 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
     if spec.dockerfile:  # the docker backend builds the task's own image from it (unless given one)
         meta["image_build"] = {"context": os.path.abspath(spec.context), "dockerfile": os.path.abspath(spec.dockerfile)}
     meta["writable_paths"] = list(WRITABLE_PATHS)
+    # one HOME for the reference solution, the agent and the verifier: the image's user's (root's unless USER)
+    meta["home"] = facts.home
     if executables := executable_files(spec, facts):
         meta["executable_files"] = executables
     meta["limits"] = _limits(spec, config)

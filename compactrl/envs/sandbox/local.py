@@ -420,6 +420,8 @@ class LocalSandbox:
                                 timeout_s=max(60.0, cfg.timeout_s))
                 if res.exit_code != 0:
                     raise SandboxError(f"restoring {state}/roots.tar failed ({res.exit_code}): {res.output[-1000:]}")
+            if self._home() != self._workdir:  # `useradd -m` is the image's: its home is made here
+                self.exec(f"mkdir -p {shlex.quote(self._home())}", timeout_s=max(60.0, cfg.timeout_s))
             for command in task.setup:
                 res = self.exec(command, timeout_s=task.check.timeout_s)
                 if res.exit_code != 0:
@@ -428,6 +430,14 @@ class LocalSandbox:
             self.close()
             raise
         log.info("local sandbox for %s up (%s, %s)", task.id, self.isolation, self.session_dir)
+
+    def _home(self) -> str:
+        """The shell's HOME: the task's ``metadata["home"]`` (a Terminal-Bench image's user's home: ``/root``,
+        or ``/home/<USER>``) where it lies in one of the episode's writable folders, else the work dir."""
+        home = str((self.task.metadata.get("home") if self.task else None) or "")
+        if posixpath.isabs(home) and any(home == p or home.startswith(p + "/") for p in self._writable()):
+            return posixpath.normpath(home)
+        return self._workdir
 
     def _writable(self) -> list[str]:
         """The tmpfs folders of this episode: configured and the task's, minus the work dir's own."""
@@ -507,8 +517,9 @@ class LocalSandbox:
         env = {
             **tool_env,
             "PATH": ":".join([_BIN_DIR, base, *tool_path]),
-            # HOME and the locale as the sim's shell has them (`cd ~`, `sort` order agree)
-            "HOME": self._workdir, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
+            # HOME: the task image's user's (Terminal-Bench: the solution, the agent and the verifier share
+            # it, as in the image), else the work dir, as the sim's shell has it (`cd ~` agrees); the locale too
+            "HOME": self._home(), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
             # the shell programs start for their user (tmux's panes, `script`, editors' `:!`): the sandbox
             # user's own login shell is nologin (nobody), an image's root has bash
