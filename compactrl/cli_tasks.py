@@ -16,6 +16,19 @@ import shlex
 import sys
 import time
 
+from compactrl.cli_options import Applies, refuse_ignored, track_given
+
+PREPARE_OPTIONS = {
+    **{dest: Applies("always") for dest in ("repos_root", "envs_root", "instance_ids", "harness_specs",
+                                            "strict_python", "pip_arg", "resolver", "step_timeout",
+                                            "download_cache", "workdir", "install_system_packages")},
+    "harness_python": Applies("without --harness-specs (a dump of the specs wins)",
+                              lambda a: a.harness_specs is None, lambda a: f"got --harness-specs {a.harness_specs}"),
+    "exclude_newer": Applies("when uv installs (--resolver uv or auto)", lambda a: a.resolver != "pip",
+                             lambda a: "got --resolver pip"),
+}
+"""Where each option of ``compactrl tasks prepare`` applies (the context is the parsed options)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
@@ -49,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "apt-get lines) and this machine lacks (needs root; each command printed and recorded in "
                         "~/.cache/compactrl/system-packages.jsonl and manifest.json); without it those rows are "
                         "flagged not gradable")
+    track_given(p)
     v = sub.add_parser("validate", help="run gold and noop on every task: gold must succeed, noop fail",
                        description="run the gold and noop policies on every task of a set (SWE-bench rows, "
                                    "Terminal-Bench folders, Task records); one line per task, a JSON report, "
@@ -73,6 +87,7 @@ def _progress(message: str) -> None:
 def _prepare(args: argparse.Namespace) -> int:
     from compactrl.envs.loaders.swebench_prepare import PrepareConfig, prepare
 
+    refuse_ignored(args, PREPARE_OPTIONS, args)
     ids = tuple(i for i in (args.instance_ids or "").split(",") if i) or None
     config = PrepareConfig(repos_root=args.repos_root, envs_root=args.envs_root, harness_python=args.harness_python,
                            harness_specs=args.harness_specs, strict_python=args.strict_python,

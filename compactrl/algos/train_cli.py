@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from compactrl.algos.config import PRESETS, TrainConfig, iter_fields, override, preset
+from compactrl.cli_options import Applies, refuse_ignored, track_given
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if section not in groups:
             groups[section] = parser.add_argument_group(f"{section} options")
         _add_field(groups[section], name, tp, _lookup(defaults, name), doc)
+    track_given(parser)
+
+
+TRAIN_OPTIONS = {
+    **{dest: Applies("always") for dest in ("out", "resume", "no_progress", "ray", "ray_address")},
+    "preset": Applies("without --config and --resume (they give the whole configuration)",
+                      lambda a: not a.config and not a.resume,
+                      lambda a: "got --resume" if a.resume else f"got --config {a.config}"),
+    **{dest: Applies("without --resume (the run's stored config is used)", lambda a: not a.resume,
+                     lambda a: "got --resume") for dest in ("algo", "config")},
+}
+"""Where each of ``train``'s own options applies (the context is the parsed options). Every
+``--<section>.<field>`` option (dest ``cfg:<field>``) overrides its field of the configuration;
+with ``--resume`` only ``--rl.iterations`` may be given (:func:`run` refuses the others)."""
+CONFIG_FIELDS = "cfg:"
 
 
 def _add_field(group, name: str, tp: Any, default: Any, doc: str) -> None:
@@ -188,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
     from compactrl.algos.trainer import train
 
     try:
+        refuse_ignored(args, TRAIN_OPTIONS, args)
         cfg = config_from_args(args)
         out = _resolve_out(args, cfg)
         given = [k.split(":", 1)[1] for k in vars(args) if k.startswith("cfg:")]

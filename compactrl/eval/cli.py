@@ -14,8 +14,10 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from compactrl.cli_options import Applies, given, refuse_ignored, track_given
 from compactrl.eval.policies import SCRIPTED, PolicySpec, make_policy
 
 
@@ -52,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect", default=None, choices=("success", "failure"),
                         help="exit 1 unless every episode (task) ends this way, e.g. gold: success, noop: failure")
     _add_task_arguments(parser)
+    track_given(parser)
 
 
 def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +62,8 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("task sets (--tasks)")
     g.add_argument("--tasks", default=None, help="SWE-bench .json/.jsonl, Task records, or Terminal-Bench folder(s)")
-    g.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox (default: local)")
+    g.add_argument("--backend", default="local", choices=BACKENDS,
+                   help="sandbox (default: local; on the generated env, the env's: sim)")
     g.add_argument("--repos-root", default=None, help="SWE-bench: folder of checkouts named <owner>__<name>")
     g.add_argument("--swebench-images", action="store_true", help="SWE-bench: use the sweb.eval.* instance images")
     g.add_argument("--image-namespace", default="swebench", help="SWE-bench image namespace ('' for local builds)")
@@ -75,15 +79,119 @@ def _add_task_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Terminal-Bench: grade with the task's run-tests.sh/test.sh (script), pytest on its tests, "
                         "or the script unless it installs from the network (auto, the default)")
     g.add_argument("--sandbox-kwargs", default="{}", help="JSON options of the sandbox backend")
-    g.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's)")
+    g.add_argument("--max-turns", type=int, default=None, help="turn limit (default: each task's; the env's)")
     g.add_argument("--budget", type=int, default=None,
-                   help="context budget with forced summaries (reserve: --max-new-tokens; default: an open "
-                        "budget that never asks for a summary)")
-    g.add_argument("--max-compactions", type=int, default=8, help="with --budget: summaries per episode (default: 8)")
+                   help="context budget with forced summaries (reserve: --max-new-tokens; default: with --tasks "
+                        "an open budget that never asks for a summary, on the generated env the env's)")
+    g.add_argument("--max-compactions", type=int, default=8,
+                   help="with --budget, or on the generated env: summaries per episode (default: 8; the env's)")
+
+
+KINDS = {"swebench": "SWE-bench rows", "terminal-bench": "Terminal-Bench tasks", "records": "Task records"}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What decides whether an option of ``eval`` / ``tasks validate`` applies."""
+
+    tasks: str | None
+    """``--tasks`` (validate: the source), or None for the generated env."""
+    kind: str | None
+    """:func:`task_kind` of ``tasks``."""
+    policy: str = "gold"
+    policy_kind: str = "scripted"
+    """:attr:`PolicySpec.kind`."""
+    backend: str = "local"
+    budget: bool = False
+    images: bool = False
+    """``--swebench-images``."""
+
+    def is_kind(self, *kinds: str) -> bool:
+        """The tasks are of one of ``kinds``, or of a kind not known before loading (the loader says why)."""
+        return self.kind is None or self.kind in kinds
+
+
+def task_kind(path: str | None) -> str | None:
+    """What ``path`` holds, as :func:`~compactrl.envs.loaders.load_tasks` decides: ``terminal-bench``
+    (a folder), ``swebench`` (rows), ``records`` (Task records); None when unreadable."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return "terminal-bench"
+    from compactrl.envs.loaders.swebench import read_rows
+
+    try:
+        rows = read_rows(path)
+    except (OSError, ValueError):
+        return None
+    if rows and "instance_id" in rows[0]:
+        return "swebench"
+    return "records" if rows else None
+
+
+def _no_tasks(c: Context) -> str:
+    return f"got --tasks {c.tasks}"
+
+
+def _holds(c: Context) -> str:
+    return f"{c.tasks} holds {KINDS.get(c.kind or '', c.kind)}" if c.tasks else "no --tasks given"
+
+
+def _on(*kinds: str, when: str, more=lambda c: True, got=_holds) -> Applies:
+    return Applies(when, lambda c: bool(c.tasks) and c.is_kind(*kinds) and more(c), got)
+
+
+SWEBENCH = "to SWE-bench rows"
+TERMINAL_BENCH = "to Terminal-Bench tasks"
+TASK_OPTIONS = {
+    "instance_ids": Applies("with --tasks", lambda c: bool(c.tasks)),
+    "repos_root": _on("swebench", when=SWEBENCH),
+    "swebench_images": _on("swebench", when=SWEBENCH),
+    "swebench_specs": _on("swebench", when=SWEBENCH),
+    "setup": _on("swebench", when=SWEBENCH),
+    "image_namespace": _on("swebench", when="with --swebench-images", more=lambda c: c.images,
+                           got=lambda c: "without it the rows run in local checkouts"),
+    "python": _on("swebench", "terminal-bench", when="to SWE-bench rows and Terminal-Bench tasks"),
+    "tb_grading": _on("terminal-bench", when=TERMINAL_BENCH),
+    "image": _on("terminal-bench", when="to Terminal-Bench tasks on --backend docker",
+                 more=lambda c: c.backend == "docker", got=lambda c: f"{_holds(c)}, --backend {c.backend}"),
+}
+"""Task-set options that ``eval`` and ``tasks validate`` share."""
+
+MODEL_OR_SERVER = ("model", "url")
+EVAL_OPTIONS: dict[str, Applies] = {
+    **{dest: Applies("always") for dest in ("policy", "seed", "num_envs", "json", "out", "expect", "tasks",
+                                            "backend", "sandbox_kwargs", "max_turns", "budget")},
+    **{dest: Applies("to the generated env (without --tasks)", lambda c: not c.tasks, _no_tasks)
+       for dest in ("env", "episodes", "env_kwargs", "split", "difficulty")},
+    "summary_quality": Applies("with --policy oracle", lambda c: c.policy == "oracle",
+                               lambda c: f"got --policy {c.policy}"),
+    **{dest: Applies("with a model or server --policy", lambda c: c.policy_kind in MODEL_OR_SERVER,
+                     lambda c: f"got --policy {c.policy}") for dest in ("temperature", "tokenizer")},
+    "max_new_tokens": Applies("with a model or server --policy, or with --budget (its reserve)",
+                              lambda c: c.policy_kind in MODEL_OR_SERVER or c.budget,
+                              lambda c: f"got --policy {c.policy}"),
+    "served_model": Applies("with a server --policy (an http(s):// URL)", lambda c: c.policy_kind == "url",
+                            lambda c: f"got --policy {c.policy}"),
+    "max_compactions": Applies("with --budget, or on the generated env", lambda c: c.budget or not c.tasks,
+                               lambda c: "an open budget never asks for a summary"),
+    **TASK_OPTIONS,
+}
+"""Where each option of ``compactrl eval`` applies; one given where it does not is refused."""
+
+ENV_KWARGS = ("split", "difficulty", "max_turns", "backend", "sandbox_kwargs", "budget", "max_compactions")
+"""Options that become the generated env's keyword arguments of the same names."""
+UNSET_BY_DEFAULT = ("split", "difficulty", "max_turns", "budget")
+
+
+def eval_context(args: argparse.Namespace, spec: PolicySpec) -> Context:
+    return Context(tasks=args.tasks, kind=task_kind(args.tasks), policy=args.policy, policy_kind=spec.kind,
+                   backend=args.backend, budget=args.budget is not None, images=args.swebench_images)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Raises ``ValueError`` naming the option for a bad value (the CLI prints it as one line)."""
+    """Raises ``ValueError`` naming the option for a bad value, or for one that would be ignored
+    (the CLI prints it as one line)."""
     if args.episodes < 1:
         raise ValueError(f"--episodes: expected >= 1, got {args.episodes}")
     if args.num_envs < 1:
@@ -95,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # its fields are the options of the same names
         field, _, rest = str(exc).partition(": ")
         raise ValueError(f"--{field.replace('_', '-')}: {rest}") from None
+    refuse_ignored(args, EVAL_OPTIONS, eval_context(args, spec))
     started = time.perf_counter()
     if args.tasks:
         config, summary, records = _run_tasks(args, spec)
@@ -151,9 +260,16 @@ def _run_env(args: argparse.Namespace, spec: PolicySpec):
     from compactrl.eval.episodes import evaluate
 
     env_kwargs = _json_object("--env-kwargs", args.env_kwargs)
-    for name in ("split", "difficulty"):
-        if getattr(args, name) is not None:
-            env_kwargs[name] = getattr(args, name)
+    for name in ENV_KWARGS:
+        if name in given(args) or (name in UNSET_BY_DEFAULT and getattr(args, name) is not None):
+            option = "--" + name.replace("_", "-")
+            if name in env_kwargs:
+                raise ValueError(f"{option}: also given in --env-kwargs ({name}={env_kwargs[name]!r}); give it once")
+            value = getattr(args, name)
+            env_kwargs[name] = _json_object(option, value) if name == "sandbox_kwargs" else value
+    if args.budget is not None:
+        _task_budget(args)  # the same checks and message as with --tasks
+        env_kwargs.setdefault("reserve", args.max_new_tokens)
     policy = make_policy(spec)
     summary, stats = evaluate(args.env, policy, episodes=args.episodes, seed=args.seed, env_kwargs=env_kwargs,
                               num_envs=args.num_envs, give_task_to_policy=spec.kind == "scripted")
@@ -211,9 +327,30 @@ def _load_tasks(args: argparse.Namespace):
         tb = TerminalBenchConfig(python=args.python or "python3", image=args.image, grading=args.tb_grading,
                                  backend=args.backend, prepare=args.backend == "local")
         ids = [i for i in (args.instance_ids or "").split(",") if i] or None
-        return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)
+        if ids is None or task_kind(args.tasks) == "swebench":
+            return load_tasks(args.tasks, swebench=swe, terminal_bench=tb, instance_ids=ids)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--tasks: {exc}") from None
+    return _load_ids(args.tasks, ids, lambda path: load_tasks(path, swebench=swe, terminal_bench=tb))
+
+
+def _load_ids(path: str, ids: list[str], load) -> list:
+    """``--instance-ids`` of Terminal-Bench tasks (folder names: only those folders are loaded, and
+    prepared) or of Task records, in the order given."""
+    from compactrl.envs.loaders.terminal_bench import is_task_dir
+
+    try:
+        if os.path.isdir(path) and not is_task_dir(path):
+            missing = [i for i in ids if not os.path.isdir(os.path.join(path, i))]
+            by_id = {} if missing else {t.id: t for i in ids for t in load(os.path.join(path, i))}
+        else:
+            by_id = {t.id: t for t in load(path)}
+            missing = [i for i in ids if i not in by_id]
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--tasks: {exc}") from None
+    if missing:
+        raise ValueError(f"--instance-ids: not in {path}: {missing}")
+    return [by_id[i] for i in ids]
 
 
 def write_jsonl(path: str, records: list[dict[str, Any]]) -> None:

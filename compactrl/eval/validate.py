@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from compactrl.cli_options import Applies, refuse_ignored, track_given
 from compactrl.envs.task import Task
 
 VERDICT_KEYS = ("test_exit_code", "test_timed_out", "test_limit_hit", "test_log_tail")
@@ -163,11 +164,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Terminal-Bench: first apt-get install the packages the tasks' Dockerfiles (or reference "
                         "solutions) install and this machine lacks (needs root; each command printed and recorded in "
                         "~/.cache/compactrl/system-packages.jsonl), then load the tasks again")
+    track_given(p)
+
+
+def validate_options() -> dict:
+    """Where each option of ``compactrl tasks validate`` applies (the task-set options as ``eval``'s)."""
+    from compactrl.eval.cli import TASK_OPTIONS, TERMINAL_BENCH, _holds, _on
+
+    local = dict(when="to Terminal-Bench tasks on --backend local", more=lambda c: c.backend == "local",
+                 got=lambda c: f"{_holds(c)}, --backend {c.backend}")
+    return {**{dest: Applies("always") for dest in ("backend", "sandbox_kwargs", "max_turns", "json_out")},
+            **TASK_OPTIONS,
+            "download_cache": _on("terminal-bench", **local),
+            "install_system_packages": _on("terminal-bench", when=TERMINAL_BENCH)}
+
+
+def validate_context(args: argparse.Namespace):
+    from compactrl.eval.cli import Context, task_kind
+
+    return Context(tasks=args.source, kind=task_kind(args.source), backend=args.backend, images=args.swebench_images)
 
 
 def run(args: argparse.Namespace) -> int:
     from compactrl.eval.cli import _json_object, _load_tasks
 
+    refuse_ignored(args, validate_options(), validate_context(args))
     sandbox_kwargs = _json_object("--sandbox-kwargs", args.sandbox_kwargs)
     if getattr(args, "download_cache", None):  # read by TerminalBenchConfig when the tasks load
         if not os.path.isdir(args.download_cache):
