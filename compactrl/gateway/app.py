@@ -31,7 +31,8 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastapi import Request, Response
@@ -47,6 +48,7 @@ from compactrl.gateway.chat import (
     parse_tool_calls,
     prompt_ids,
 )
+from compactrl.gateway.constrain import ToolCallGrammar, ToolChoice, parse_tool_choice
 from compactrl.gateway.engines import Engine, LocalEngine, UpstreamEngine
 from compactrl.gateway.recording import CallRecord, Recorder, SampledChoice, check_session
 from compactrl.policies.serve import (
@@ -85,9 +87,12 @@ class GatewayConfig:
     """Sessions whose sampled turns (for exact re-rendering) and buffers are kept; the least recent go."""
     policy_version: int = 0
     """Version recorded with every call at start; :attr:`Gateway.policy_version` may move it on."""
+    tool_choice_tries: int = 4
+    """Samples per choice, at most, when an engine that cannot mask logits (upstream, vLLM) answers a
+    ``tool_choice`` of "required" or a named function: the first that is such a call is kept."""
 
     def __post_init__(self) -> None:
-        for name in ("default_max_tokens", "max_n", "max_buffered", "max_open_sessions"):
+        for name in ("default_max_tokens", "max_n", "max_buffered", "max_open_sessions", "tool_choice_tries"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -204,14 +209,14 @@ class Gateway(ApiServer):
         return completion_response(self.config.serve.model_name, jobs, gens, e.tokenizer, options)
 
     async def _generate(self, jobs: list[Job], session: str, agent: str, request: Request, t0: float,
-                        route: str) -> list[Generated]:
+                        route: str, choice: ToolChoice | None = None) -> list[Generated]:
         try:
             index = self.recorder.next_index(session)
         except ValueError as exc:  # a finished session takes no more calls
             raise RequestError(str(exc), status=409, param="session") from exc
         version = self.policy_version
         t1 = time.time()
-        gens = await await_all(self.engine.submit(jobs), self.config.serve.request_timeout_s)
+        gens = await self._sample(jobs, choice)
         t2 = time.time()
         prompts: OrderedDict[tuple[int, ...], list[Generated]] = OrderedDict()
         for j, g in zip(jobs, gens):
@@ -224,17 +229,52 @@ class Gateway(ApiServer):
                 policy_version=version, model=self.config.serve.model_name, route=route, t_received=t0,
                 queue_s=t1 - t0, generate_s=t2 - t1,
                 sampling={"temperature": jobs[0].sampling.temperature, "top_p": jobs[0].sampling.top_p,
-                          "top_k": jobs[0].sampling.top_k},
+                          "top_k": jobs[0].sampling.top_k,
+                          **({"tool_choice": choice.label, "constrained": self._how(choice)} if choice else {})},
             ))
         return gens
+
+    def _how(self, choice: ToolChoice) -> str:
+        """How a ``tool_choice`` is enforced by this engine: "masked" logits or "rejection" sampling."""
+        return "masked" if hasattr(self.engine, "submit_constrained") else "rejection"
+
+    async def _sample(self, jobs: list[Job], choice: ToolChoice | None) -> list[Generated]:
+        timeout = self.config.serve.request_timeout_s
+        if choice is None:
+            return await await_all(self.engine.submit(jobs), timeout)
+        if self._how(choice) == "masked":
+            return await await_all(self.engine.submit_constrained(jobs, choice), timeout)
+        # rejection: sample again (up to tool_choice_tries) each choice that is not a whole call
+        grammar = ToolCallGrammar(choice)
+        gens: list[Generated] = await await_all(self.engine.submit(jobs), timeout)
+        for attempt in range(1, self.config.tool_choice_tries):
+            todo = [i for i, g in enumerate(gens) if not self._is_call(grammar, g)]
+            if not todo:
+                break
+            retry = [replace(jobs[i], future=Future(), seed=None if jobs[i].seed is None else jobs[i].seed + attempt)
+                     for i in todo]
+            for i, g in zip(todo, await await_all(self.engine.submit(retry), timeout)):
+                gens[i] = g
+        else:
+            if any(not self._is_call(grammar, g) for g in gens):
+                logger.warning("tool_choice %s: no call in %d samples; answering the last", choice.label,
+                               self.config.tool_choice_tries)
+        return gens
+
+    def _is_call(self, grammar: ToolCallGrammar, gen: Generated) -> bool:
+        if not gen.finished:
+            return False
+        state = grammar.feed(grammar.start, self.fmt.decode(gen.token_ids[:-1]))
+        return state is not None and grammar.accepting(state)
 
     async def chat(self, req: ChatRequest, request: Request, path_session: str | None):
         t0 = time.time()
         self._check_model(req.model)
         session = self._session(path_session, request)
+        choice = parse_tool_choice(req.tool_choice, req.tools)
         jobs = self._chat_jobs(req, session)
         gens = await self._generate(jobs, session, _agent_of(req, request.headers.get("x-agent-id")),
-                                    request, t0, "chat")
+                                    request, t0, "chat", choice)
         choices = [self._chat_choice(i, g, req, session) for i, g in enumerate(gens)]
         usage = {"prompt_tokens": len(jobs[0].prompt), "completion_tokens": sum(len(c["token_ids"]) for c in choices)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -258,9 +298,6 @@ class Gateway(ApiServer):
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if top > s.max_logprobs:
             raise RequestError(f"'top_logprobs' must be at most {s.max_logprobs}, got {top}", param="top_logprobs")
-        if req.tool_choice not in (None, "auto", "none"):
-            raise RequestError("'tool_choice' must be 'auto' or 'none' (tools are offered in the prompt; "
-                               "the model decides)", param="tool_choice")
         if req.tool_choice == "none":
             req = req.model_copy(update={"tools": None})
         prompt = prompt_ids(self.fmt, req, self.sampled_turns(session))

@@ -7,16 +7,25 @@ one they talk to.
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
+from compactrl.gateway.constrain import TokenMasks, ToolCallGrammar, ToolChoice, constrained_generate
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
 from compactrl.policies.serve import CompletionEngine, Job, PolicyEngine, RequestError
 from compactrl.policies.transformers_policy import Generated, TransformersPolicy
 
 
 class Engine(Protocol):
+    """What the gateway generates with. An engine that can mask logits also has
+    ``submit_constrained(jobs, choice)`` (:class:`LocalEngine`); the gateway constrains the others'
+    answers to a ``tool_choice`` by rejection (``app.py``)."""
+
     tokenizer: object
     context_length: int
     stop_ids: tuple[int, ...]
@@ -41,11 +50,46 @@ class LocalEngine:
         self.tokenizer = self.policy.tokenizer
         self.context_length = self.policy.context_length
         self.stop_ids = tuple(self.policy.stop_token_ids)
+        # constrained calls run token by token on a thread of their own, beside the batching engine
+        self._constrained = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compactrl-constrained",
+                                               initializer=self._set_threads)
+        seed = int(torch.randint(2**62, (1,), generator=self.policy.generator))
+        self._generator = torch.Generator(device=self.policy.generator.device).manual_seed(seed)
+        self._masks: OrderedDict[tuple, TokenMasks] = OrderedDict()
+
+    def _set_threads(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
 
     def submit(self, jobs: list[Job]) -> list[Future]:
         return self.engine.submit(jobs)
 
+    def submit_constrained(self, jobs: list[Job], choice: ToolChoice) -> list[Future]:
+        """Jobs whose answers must be tool calls as ``choice`` says (logits masked; see ``constrain.py``)."""
+        return [self._constrained.submit(self._one_constrained, j, choice) for j in jobs]
+
+    def masks(self, choice: ToolChoice) -> TokenMasks:
+        """The token masks of ``choice``'s grammar (the few most recent tool sets kept)."""
+        key = (choice.names, choice.multiple, json.dumps(choice.parameters, sort_keys=True, default=str))
+        masks = self._masks.get(key)
+        if masks is None:
+            masks = self._masks[key] = TokenMasks(ToolCallGrammar(choice), self.tokenizer, self.stop_ids,
+                                                  getattr(self.tokenizer, "all_special_ids", ()))
+            while len(self._masks) > 8:
+                self._masks.popitem(last=False)
+        self._masks.move_to_end(key)
+        return masks
+
+    def _one_constrained(self, job: Job, choice: ToolChoice):
+        generator = self._generator
+        if job.seed is not None:
+            generator = torch.Generator(device=generator.device).manual_seed(job.seed)
+        return constrained_generate(self.policy.model, job.prompt, job.max_tokens, masks=self.masks(choice),
+                                    sampling=job.sampling, report=job.report, stop_ids=job.stop_ids,
+                                    generator=generator, top_logprobs=job.top_logprobs)
+
     def close(self) -> None:
+        self._constrained.shutdown(wait=True, cancel_futures=True)
         self.engine.close()
 
 

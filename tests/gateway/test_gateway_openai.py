@@ -138,7 +138,10 @@ def test_tools_in_the_prompt_and_tool_calls_in_the_history(gateway, policy):
     (dict(n=9), openai.BadRequestError, "'n' must be at most 4"),
     (dict(max_tokens=100_000), openai.BadRequestError, "maximum context length"),
     (dict(top_logprobs=3), openai.BadRequestError, "needs 'logprobs'"),
-    (dict(tool_choice="required", tools=[BASH]), openai.BadRequestError, "'tool_choice'"),
+    (dict(tool_choice="required"), openai.BadRequestError, "`tools` must be set"),
+    (dict(tool_choice={"type": "function", "function": {"name": "ls"}}, tools=[BASH]), openai.BadRequestError,
+     "does not match any of the specified `tools`"),
+    (dict(tool_choice="any", tools=[BASH]), openai.BadRequestError, "Invalid value for `tool_choice`"),
     (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      openai.BadRequestError, "text content parts"),
 ])
