@@ -38,6 +38,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -806,6 +807,32 @@ def uv_project_offline(words: list[str]) -> bool:
         w.split("=", 1)[0] in _UV_ADD_ELSEWHERE or "://" in w or w.startswith("git+") for w in words)
 
 
+def uv_project_requirements(files: dict[str, str], context: str) -> list[str] | None:
+    """What ``uv sync`` installs for the uv project a task ships (its ``pyproject.toml`` among the files
+    or in the build context), or None when it ships none: every package its ``uv.lock`` pins from a
+    registry (``name==version``), else its ``[project] dependencies`` and the ``dev`` group ``uv sync``
+    installs by default. They are fetched from the package index at prepare time, like pip installs."""
+    def read(name: str) -> str | None:
+        return files.get(name) if name in files or not context else _context_text(name, files, context)
+
+    text = read("pyproject.toml")
+    if text is None:
+        return None
+    lock = read("uv.lock")
+    try:
+        if lock is not None:
+            pins = [f"{p['name']}=={p['version']}" for p in tomllib.loads(lock).get("package", [])
+                    if isinstance(p, dict) and "registry" in (p.get("source") or {}) and p.get("version")]
+            return pins
+        project = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, KeyError, TypeError):
+        return None
+    deps = list((project.get("project") or {}).get("dependencies") or [])
+    deps += [d for d in (project.get("dependency-groups") or {}).get("dev") or [] if isinstance(d, str)]
+    deps += list((project.get("tool", {}).get("uv") or {}).get("dev-dependencies") or [])
+    return [d for d in deps if isinstance(d, str)]
+
+
 def solution_network(script: str | None, has_project: bool = False) -> str | None:
     """What in a reference solution fetches from the network (``curl ... | sh``, ``uv add flask``,
     ``git clone``), or None. The harness's agent has the network; the local sandbox has none, except
@@ -1112,6 +1139,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
     root = (workdir or "").rstrip("/") + "/"
     apt_why = None
     emptied: dict[str, int] = {}  # a top folder a step removes whole (`rm -rf /build`) -> that step's index
+    shipped = uv_project_requirements(files, context)  # a uv project the task ships (`uv sync` installs it)
+    uv_project = shipped is not None  # a project `uv add`/`uv sync` can work in (shipped, or made by `uv init`)
     for index, step in enumerate(steps):
         op = step["op"]
         if op == "other":
@@ -1136,7 +1165,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                 inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
                 out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
         elif op == "run":
-            pieces, why, npm_steps = [], None, []
+            pieces, why, npm_steps, uv_offline = [], None, [], False
             command, wheels, notes = map_installers(step["command"])
             out.tools += [w for w in wheels if w not in out.tools]
             out.mapped += notes
@@ -1156,6 +1185,22 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                         and _go_std_only(_go_sources(steps, files, context)):
                     out.mapped.append(f"{' '.join(seg.words[:3])}: the image's Go code imports the standard library "
                                       "only, so it fetches nothing and runs here")
+                    pieces.append(text + sep)
+                    continue
+                sub = _uv_subcommand(seg.words)
+                uv_project = uv_project or sub == "init"
+                if uv_project and sub in _UV_PROJECT and uv_project_offline(seg.words):
+                    # a uv project of the image's (`uv init`, `uv add numpy==2.3.1`, `uv sync`): what it adds or
+                    # syncs comes from the package index at prepare time, like a pip install, into the wheelhouse;
+                    # the step then runs as written, offline from it, and the state has the image's .venv
+                    reqs = uv_add_requirements(seg.words) if sub == "add" else (shipped or []) if sub == "sync" else []
+                    out.wheelhouse += [r for r in reqs if r not in out.wheelhouse]
+                    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
+                    out.pip += [r for r in reqs if not _satisfied(r) and r not in out.pip]
+                    out.mapped.append(f"{' '.join(seg.words[:2])}: run as written, offline, its packages fetched from "
+                                      "the package index at prepare time into the wheelhouse"
+                                      + (f" ({' '.join(reqs)})" if reqs else ""))
+                    uv_offline = True
                     pieces.append(text + sep)
                     continue
                 if seg.action == "image":
@@ -1231,7 +1276,8 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
             if why:
                 return None, why
             out.steps.append({"op": "run", "command": "".join(pieces), "workdir": step.get("workdir") or "/",
-                              "env": dict(env), **({"npm": npm_steps} if npm_steps else {})})
+                              "env": dict(env), **({"npm": npm_steps} if npm_steps else {}),
+                              **({"uv_offline": True} if uv_offline else {})})
             if npm_steps:  # the episode's npm finds that cache where the image's does (its HOME is the work dir)
                 env["npm_config_cache"] = env.get("HOME", "/root").rstrip("/") + "/.npm"
     if apt_why:
@@ -1398,7 +1444,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
         _pip_commands(os.path.join(out, "pybin"))
         failed = _pip_download(os.path.join(out, "wheelhouse"), build["wheelhouse"], timeout_s)
         if failed:
-            return (f"needs its image: the reference solution's pip install {' '.join(build['wheelhouse'])} ({failed})"
+            return (f"needs its image: downloading {' '.join(build['wheelhouse'])} into the wheelhouse ({failed})"
                     + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
     for url in build.get("downloads") or ():  # hard links to the cache (the same file system), or copies
         from compactrl.envs.loaders import tb_downloads
@@ -1475,6 +1521,9 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                 env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
                        **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
                           if build.get("wheelhouse") else {})}
+            if step.get("uv_offline"):  # `uv init`/`uv add`/`uv sync` of the image's project, from the wheelhouse
+                env = {**env, "UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
+                       "UV_PYTHON_DOWNLOADS": "never"}
             for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
                 env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
