@@ -3,6 +3,9 @@
 Layout of a run directory::
 
     config.json          resolved TrainConfig (a resume reads it back; extending a run rewrites rl.iterations)
+    environment.json     one entry per start or resume: the commit, library versions, CPU model and
+                         instruction-set flags, torch's kernel level and threads (compactrl.provenance);
+                         row 0 of metrics.jsonl carries the first one as ``provenance``
     metrics.jsonl        one JSON row per iteration (row 0: evaluation after SFT, before RL)
     tb/                  TensorBoard event files (torch.utils.tensorboard)
     checkpoint.pt        last checkpoint: policy, critic, optimisers, RNG states, iteration, collector
@@ -78,6 +81,7 @@ class RunDir:
         self.metrics_path = self.path / "metrics.jsonl"
         self.checkpoint_path = self.path / "checkpoint.pt"
         self.config_path = self.path / "config.json"
+        self.environment_path = self.path / "environment.json"
         self.sft_model_path = self.path / "sft_model"
         self.final_model_path = self.path / "final_model"
         self._tb = None
@@ -94,6 +98,18 @@ class RunDir:
             raise ValueError(f"out: {self.path} already holds a run; pass --resume to continue it or another --out")
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.config_path, config_json)
+
+    def record_machine(self, stamp: dict[str, Any], *, resume: bool) -> None:
+        """Add this start's (or resume's) machine stamp to ``environment.json``."""
+        attempts = self.machines() if resume else []
+        attempts.append({"resume": resume, **stamp})
+        atomic_write_text(self.environment_path, json.dumps(attempts, indent=1, sort_keys=True) + "\n")
+
+    def machines(self) -> list[dict[str, Any]]:
+        """Every start's machine stamp, oldest first (empty for a run made before stamps existed)."""
+        if not self.environment_path.exists():
+            return []
+        return json.loads(self.environment_path.read_text())
 
     def write_config(self, config_json: str) -> None:
         """Replace the stored configuration (a resumed run that is extended)."""

@@ -36,6 +36,7 @@ from compactrl.algos.update import Updater
 from compactrl.collectors.batch import concat_traces
 from compactrl.collectors.trace_collector import TraceCollector, summarize_episodes
 from compactrl.eval.episodes import evaluate_policy
+from compactrl.provenance import machine_stamp, stamp_markdown
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     t_start = time.perf_counter()
     cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations)
     r = setup(cfg, run, progress, t_start)
+    run.record_machine(machine_stamp(), resume=resume)  # after setup: it sets the thread count
     try:
         return _train(r, cfg, run, state, progress)
     finally:
@@ -280,7 +282,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
 def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, progress: Any) -> TrainResult:
     plan = schedule(cfg)
     if state is None:
-        row0: dict[str, Any] = {"iteration": 0}
+        row0: dict[str, Any] = {"iteration": 0, "provenance": run.machines()[-1]}
         if cfg.sft.enabled and cfg.sft.total_steps > 0:
             row0.update(sft_phase(r))
             r.policy.save_pretrained(run.sft_model_path)
@@ -622,13 +624,14 @@ def _finish(run: RunDir, cfg: TrainConfig, elapsed: float) -> TrainResult:
     final = evals[-1]["eval/success_rate"] if evals else None
     phases = {name: sum(float(x.get(key) or 0.0) for x in rows) for name, key in PHASES}
     run.plot()
-    run.write_report(_report(cfg, rows, evals, elapsed, phases))
+    run.write_report(_report(cfg, rows, evals, elapsed, phases, run.machines()))
     run.close()
     iterations = max((x["iteration"] for x in rows), default=0)
     return TrainResult(run.path, iterations, sft, final, elapsed, phases)
 
 
-def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: float, phases: dict[str, float]) -> str:
+def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: float, phases: dict[str, float],
+            machines: list[dict] = ()) -> str:
     ctx, s, rl = cfg.env.context_budget, cfg.sft, cfg.rl
     lmbda = f"adaptive (alpha {rl.lmbda_alpha})" if rl.lmbda == "adaptive" else f"{rl.lmbda}"
     lines = [f"# Training run ({rl.algo})", "",
@@ -662,6 +665,11 @@ def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: floa
         d = evals[-1]["eval/success_rate"] - evals[0]["eval/success_rate"]
         lines += ["", f"Held-out success after RL minus after SFT: **{d:+.3f}** ({len(rows) - 1} iterations)."]
     lines += ["", "![curves](plots/curves.png)", ""]
+    for i, stamp in enumerate(machines):
+        lines += [f"## Machine and software{f' (resume {i})' if i else ''}", "", *stamp_markdown(stamp), ""]
+    if machines:
+        lines += ["Absolute figures depend on the CPU's float kernels (AVX-512 and AVX2 kernels give other numbers "
+                  "after hundreds of steps): compare runs made on one kind of CPU (docs/training.md).", ""]
     return "\n".join(lines)
 
 

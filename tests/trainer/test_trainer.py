@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -57,6 +58,12 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert (state["critic"] is not None) == (algo == "ppo")
     report = (tmp_path / "run" / "report.md").read_text()
     assert "Held-out success" in report and "after RL minus after SFT" in report
+    # the machine that gave these figures: commit, libraries, CPU and its kernels, threads
+    (stamp,) = run.machines()
+    assert rows[0]["provenance"] == stamp and stamp["resume"] is False
+    assert stamp["libraries"]["torch"] == importlib.metadata.version("torch")
+    assert stamp["threads"]["torch_intra_op"] == cfg.threads and stamp["cpu"]["model"]
+    assert f"CPU: {stamp['cpu']['model']}" in report and "## Machine and software" in report
     assert "greedily (temperature 0)" in report and "sampled at temperature 1.0" in report
     # the final line names each phase's time, summed from the rows
     assert set(result.phase_s) == {"copy warm-up", "SFT", "critic pre-training", "RL", "evaluation"}
@@ -67,6 +74,24 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert "SFT" in line and "RL" in line and "evaluation" in line and "2 RL iterations" in line
     if algo == "ppo":  # row 0 holds the critic pre-training (smoke: 1 step on one batch)
         assert rows[0]["pretrain/batches"] == 1.0 and "pretrain/loss/critic" in rows[0]
+
+
+@pytest.mark.timeout(300)
+def test_the_smoke_preset_gives_identical_metrics_twice_on_one_machine(tmp_path):
+    """Seeded end to end: two runs of one config on one machine write the same metrics, bit for bit,
+    but for wall-clock times and the machine stamp (which holds no figure)."""
+    cfg = _smoke()
+    train(cfg, tmp_path / "a")
+    train(cfg, tmp_path / "b")
+
+    def figures(path):
+        return [{k: v for k, v in row.items()
+                 if not (k.startswith("time/") or "wall_clock" in k or k == "provenance")}
+                for row in RunDir(path).rows()]
+
+    first, second = figures(tmp_path / "a"), figures(tmp_path / "b")
+    assert len(first) == 3 and "eval/success_rate" in first[-1] and "loss/objective" in first[-1]
+    assert first == second
 
 
 @pytest.mark.timeout(60)
@@ -115,6 +140,9 @@ def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
     assert rows[:covered] == killed_rows[:covered]  # checkpointed iterations are kept, not redone
     assert RunDir(out).load_checkpoint()["iteration"] == target
     assert not list(out.glob(".*.tmp"))
+    # each start is stamped: the first run and the resume, in that order
+    assert [m["resume"] for m in RunDir(out).machines()] == [False, True]
+    assert "## Machine and software (resume 1)" in (out / "report.md").read_text()
 
 
 @pytest.mark.timeout(300)
