@@ -224,6 +224,8 @@ def _context_text(path: str, files: dict[str, str], context: str) -> str | None:
     for cand in (rel, path):
         if cand in files:
             return files[cand]
+    if not context:  # no build context (a script's lines read alone): never the process's own folder
+        return None
     full = os.path.join(context, rel)
     if os.path.isfile(full):
         with open(full, encoding="utf-8", errors="replace") as fh:
@@ -357,8 +359,18 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         return Segment(text, words, "git", [_git_clone_url(rest)])
     if cmd in _IMAGE_ONLY or (cmd == "git" and sub in _GIT_NETWORK) or (cmd == "cargo" and sub in _CARGO_NETWORK) \
             or (cmd == "go" and sub in _GO_NETWORK and not _go_mod_local(rest)):
-        return Segment(text, words, "image", f"{cmd} {sub}".strip())
+        # the cause: what it fetches (`wget -P /app/data https://...` names the URL, not the folder)
+        url = next((w for w in rest if "://" in w), None)
+        return Segment(text, words, "image", f"{cmd} {url or sub}".strip())
     targets = [w for w in rest if not w.startswith("-")]
+    if _PYTHON.match(cmd) and targets and targets[0].endswith(".py"):
+        # a script from the build context that downloads (a dataset from the Hugging Face hub, a URL): named
+        # before any replay, as the cause, rather than the step's failure here
+        script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
+                               files, context) or _context_text(os.path.basename(targets[0]), files, context)
+        fetch = script_download(script or "")
+        if fetch:
+            return Segment(text, words, "image", f"{os.path.basename(targets[0])} downloads {fetch}")
     if cmd in ("bash", "sh") and targets and targets[0].endswith(".sh"):
         # a build script from the context: what it runs counts as the step's (its exit status may hide a
         # failed download, e.g. a `git clone` followed by more commands)
@@ -755,6 +767,37 @@ def _hub_download(script: str) -> str | None:
         if value and not value.startswith(("/", ".", "~", "$")) and not re.search(r"\.(json|csv|parquet|txt|bin)$", value):
             return f"{m.group(1)}({value!r}) (the Hugging Face hub)"
     return None
+
+
+_LOCAL_URL = re.compile(r"^https?://(?:localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\])(?:[:/]|$)")
+_PY_FETCH = re.compile(r"\b(requests\.(?:get|post|head)|urlopen|urlretrieve|wget\.download|httpx\.(?:get|stream)|"
+                       r"download_url|gdown\.download)\(\s*['\"](https?://[^'\"\s]+)")
+
+
+def script_download(script: str) -> str | None:
+    """What a script a build step runs downloads, named (``allenai/c4 from the Hugging Face hub:
+    load_dataset('allenai/c4')``, ``https://host/file (urlretrieve)``), or None; this machine's loopback aside."""
+    hub = _hub_download(script)
+    if hub:
+        return f"from the Hugging Face hub: {hub.replace(' (the Hugging Face hub)', '')}"
+    for m in _PY_FETCH.finditer(script):
+        if not _LOCAL_URL.match(m.group(2)):
+            return f"{m.group(2)} ({m.group(1)})"
+    return None
+
+
+# what a failed step's output says when the step reached for the network (the cause, not the last lines)
+_NETWORK_FAILURE = re.compile(
+    r".*(?:Could not resolve host|Temporary failure in name resolution|Name or service not known|Network is unreachable"
+    r"|Failed to establish a new connection|getaddrinfo failed|unable to access '[^']*'|Could not connect to"
+    r"|LocalEntryNotFoundError|couldn't connect to server|No address associated with hostname"
+    r"|Failed to download|failed to fetch).*")
+
+
+def network_failure(output: str) -> str | None:
+    """The first line of a failed step's output that shows it reached for the network, or None."""
+    m = _NETWORK_FAILURE.search(output)
+    return m.group(0).strip()[:240] if m else None
 
 
 def _go_sources(steps: list[dict], files: dict[str, str], context: str) -> str:
@@ -1537,6 +1580,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
             if res.exit_code != 0:
                 tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
                 what = "timed out" if res.timed_out else f"exit {res.exit_code}"
+                reached = network_failure(res.output)
+                if reached:  # the cause is a download inside the step (a script's fetch): named, not the tail
+                    return (f"needs network: RUN {step['command'].strip()[:160]} (failed here: {what}: it fetches from "
+                            f"the network, which the sandbox has none of: {reached})")
                 return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
         if build.get("dirs"):
             res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
