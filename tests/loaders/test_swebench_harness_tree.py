@@ -324,11 +324,14 @@ def test_a_conda_environment_yml_becomes_pip_requirements(tmp_path) -> None:
 
 
 def test_rows_that_cannot_be_graded_here_are_flagged_with_the_reason(tmp_path, repo) -> None:
-    from compactrl.envs.loaders.swebench import network_reason
+    from compactrl.envs.loaders.swebench_network import network_reason
 
-    why = network_reason("psf/requests", ["test_requests.py::TestTimeout::test_connect_timeout"])
+    source = ("import requests\nTARPIT = 'http://10.255.255.1'\n\nclass TestTimeout:\n"
+              "    def test_connect_timeout(self):\n        requests.get(TARPIT, timeout=(0.1, None))\n\n"
+              "def test_basic():\n    assert requests.Request('GET', 'http://example.com').url\n")
+    why = network_reason({"test_requests.py": source}, ["test_requests.py::TestTimeout::test_connect_timeout"])
     assert why.startswith("needs network at test time: test_requests.py::TestTimeout::test_connect_timeout")
-    assert network_reason("psf/requests", ["test_requests.py::test_basic"]) is None
+    assert network_reason({"test_requests.py": source}, ["test_requests.py::test_basic"]) is None
     assert sp._apt_packages("apt-get -y update && DEBIAN_FRONTEND=noninteractive apt-get install -y foo-missing-pkg bar") \
         == ["foo-missing-pkg", "bar"]
     root, commit = repo

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactrl.envs.loaders import swebench_grading as grading
+from compactrl.envs.loaders.swebench_network import network_reason
 from compactrl.envs.task import Check, Task
 
 log = logging.getLogger(__name__)
@@ -146,21 +147,6 @@ def get_test_directives(test_patch: str, repo: str | None = None) -> list[str]:
     if repo == "django/django":
         paths = [p.removeprefix("tests/").removesuffix(".py").replace("/", ".") for p in paths]
     return paths
-
-
-NETWORK_TESTS = {
-    "psf/requests": (re.compile(r"TestTimeout::test_(connect_timeout|total_timeout_connect)"),
-                     "connects to the unroutable 10.255.255.1 and expects ConnectTimeout; with no network the "
-                     "connect fails at once (ConnectionError)"),
-}
-"""Required tests that need a network at test time, per repository (measured: psf__requests-3362)."""
-
-
-def network_reason(repo: str, tests: Iterable[str]) -> str | None:
-    """Why a row needs a network at test time (so cannot be graded in the sandbox), or None."""
-    pattern, why = NETWORK_TESTS.get(repo, (None, ""))
-    hits = [t for t in tests if pattern is not None and pattern.search(t)]
-    return f"needs network at test time: {hits[0]} {why}" if hits else None
 
 
 def _test_list(row: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -494,6 +480,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         "environment_setup_commit": row.get("environment_setup_commit"),
     }
     hidden = _grading_files(row, spec, f2p, p2p)
+    graded_sources: dict[str, str] = {}  # the graded test files after test_patch (images: in the image, not read)
     if config.use_images:
         python = spec["python"] or IMAGE_PYTHON
         files: dict[str, str] = {}
@@ -507,6 +494,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
             files, skipped, test_files = {}, [], {}
         else:
             files, skipped, test_files = _local_files(row, config, spec, where)
+        graded_sources = test_files
         hidden.update(test_files)
         prepared = bool(spec.get("checkout"))
         prefix = (env_prefix(python, harness_env=True) if prepared else "") + "".join(f"{c}; " for c in spec["pre_test"])
@@ -517,7 +505,8 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
             meta["ro_mounts"] = env_mounts(python)
         image = None
     meta["python"] = python
-    why = spec.get("not_gradable") or network_reason(repo, f2p + p2p)
+    # a required test that reaches a remote host fails here for a reason the row does not name
+    why = spec.get("not_gradable") or network_reason(graded_sources, f2p + p2p)
     if why:
         meta["not_gradable"] = why
     setup = tuple(spec["setup"])
