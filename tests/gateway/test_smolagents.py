@@ -7,27 +7,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
+from gateway_helpers import masked_log_probs
 
 from compactrl.gateway.recording import load_session
 
 smolagents = pytest.importorskip("smolagents", reason="smolagents is not installed (pip install -e '.[test]')")
-
-
-def masked_log_probs(policy, masks, prompt, ids, temperature=1.0) -> list[float]:
-    """The log-prob of each sampled id under the model's distribution with the grammar's mask applied."""
-    seq = torch.tensor([list(prompt) + list(ids)])
-    with torch.no_grad():
-        logits = policy.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
-    grammar, state, out = masks.grammar, masks.grammar.start, []
-    for k, t in enumerate(ids):
-        row = logits[len(prompt) + k - 1] / temperature
-        lp = torch.log_softmax(row.masked_fill(~masks.allowed(state), float("-inf")), -1)
-        out.append(float(lp[t]))
-        if t in masks.stop_ids:
-            break
-        state = grammar.feed(state, masks.text_of[t])
-    return out
 
 
 @smolagents.tool
