@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compactrl.envs.loaders.swebench import SWEBenchError, _git, is_commit, read_located_rows
+from compactrl.envs.loaders.swebench_submodules import SubmoduleError
+from compactrl.envs.loaders.swebench_submodules import supply as supply_submodules
 
 log = logging.getLogger(__name__)
 
@@ -976,10 +978,15 @@ def install_instance(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
     if os.path.exists(log_path):
         os.unlink(log_path)
     blobs = checkout(repo_path, row["base_commit"], dest, where, config.download_cache)
+    try:  # the harness's image build cloned them (astropy 1.x-3.x's astropy_helpers): here they are supplied
+        submodules = supply_submodules(repo_path, row["base_commit"], dest, repos_root=config.repos_root,
+                                       cache=config.download_cache, keep=os.path.join(root, "submodules"))
+    except (SubmoduleError, OSError, subprocess.SubprocessError) as exc:
+        raise PrepareError(f"{where}: {exc}") from None
     copy_env(env["env_dir"], venv)
     record: dict[str, Any] = {"base_commit": row["base_commit"], "checkout": dest, "commands": [], "skipped": [],
                               "env_built_at": env.get("built_at"), "python": os.path.join(venv, "bin", "python"),
-                              "log": log_path, "blobs_from_download_cache": blobs}
+                              "log": log_path, "blobs_from_download_cache": blobs, "submodules": submodules}
     for command in [*_commands(spec.get("pre_install")), *_commands(spec.get("install"))]:
         (record["skipped"] if on_system(command) else record["commands"]).append(command)
     if record["commands"]:
