@@ -63,3 +63,19 @@ def test_solution_agent_and_verifier_share_the_images_home(cache) -> None:
     assert "home /root, answer present: True" in gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
     assert "home /root, answer present: False" in noop["info"]["test_log_tail"]
+
+
+@pytest.mark.skipif(bool(local_unavailable()) or os.geteuid() != 0,
+                    reason=str(local_unavailable() or "a root layer needs compactrl to run as root"))
+def test_a_solution_that_adds_users_runs_as_the_images_root(cache) -> None:
+    # useradd, groupadd, usermod, chpasswd, su and chown to the new user: as the image's root does them
+    task = load_task_dir(os.path.join(FIXTURES, "terminal_bench_local", "adds-users"),
+                         TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
+    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    assert task.metadata["image_root"] is True
+    gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
+    assert gold["success"], gold["info"]["test_log_tail"]
+    assert not noop["success"] and noop["sandbox_error"] is None
+    # the host's account files are untouched
+    with open("/etc/passwd") as fh:
+        assert not any(line.startswith("alice:") for line in fh)

@@ -296,7 +296,8 @@ def test_a_solution_that_downloads_from_a_hub_or_a_bucket_needs_the_network() ->
     assert tlb.solution_network(hub) == "from_pretrained('Qwen/Qwen2.5-1.5B-Instruct') (the Hugging Face hub)"
     assert tlb.solution_network("python -c \"from datasets import load_dataset; load_dataset('org/set')\"") == (
         "load_dataset('org/set') (the Hugging Face hub)")
-    assert tlb.solution_network("aws s3 cp s3://bucket/data.parquet . --no-sign-request\n") == "aws s3"
+    assert tlb.solution_network("aws s3 cp s3://bucket/data.parquet . --no-sign-request\n") == (
+        "aws s3 cp s3://bucket/data.parquet")
     # a model saved in the work dir, or a local data file, is no download
     assert tlb.solution_network('m.save_pretrained("/app/model")\nAutoModel.from_pretrained("/app/model")\n'
                                 "load_dataset('csv', data_files='x.csv')\n") is None
@@ -329,7 +330,7 @@ def test_what_a_root_solution_writes_is_owned_where_the_image_lets_root_write() 
     assert owned == [("/etc/skel", True), ("/usr/local/bin", False), ("/etc", False), ("/etc/hostname", False)]
 
 
-def test_a_solution_that_manages_users_is_flagged() -> None:
+def test_a_solution_that_manages_users_is_recognised() -> None:
     assert tlb.solution_users("adduser --disabled-password git\necho 'git:pw' | chpasswd\n") == \
         "adduser --disabled-password git"
     assert tlb.solution_users("mkdir -p /git && chown -R git:git /git\n") == "chown -R git:git"
@@ -433,3 +434,10 @@ def test_hub_downloads_by_command_line_tools_are_seen() -> None:
     assert tlb.solution_network("python -c \"SentenceTransformer('all-MiniLM-L6-v2')\"\n") == (
         "SentenceTransformer('all-MiniLM-L6-v2') (the Hugging Face hub)")
     assert tlb.solution_network("# mteb run -m org/x\nmteb --help\npython -c \"SentenceTransformer('/app/m')\"\n") is None
+
+
+def test_a_solution_that_starts_an_ssh_server_is_recognised() -> None:
+    assert tlb.solution_ssh_server("mkdir -p /run/sshd\n/usr/sbin/sshd\n") == "/usr/sbin/sshd"
+    assert tlb.solution_ssh_server("service ssh start || echo failed\n") == "service ssh start"
+    assert tlb.solution_ssh_server("systemctl restart sshd.service\n") == "systemctl restart sshd.service"
+    assert tlb.solution_ssh_server("ssh git@localhost true\nservice nginx start\n") is None

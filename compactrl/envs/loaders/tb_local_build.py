@@ -360,8 +360,11 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
     if cmd in _IMAGE_ONLY or (cmd == "git" and sub in _GIT_NETWORK) or (cmd == "cargo" and sub in _CARGO_NETWORK) \
             or (cmd == "go" and sub in _GO_NETWORK and not _go_mod_local(rest)):
         # the cause: what it fetches (`wget -P /app/data https://...` names the URL, not the folder)
-        url = next((w for w in rest if "://" in w), None)
-        return Segment(text, words, "image", f"{cmd} {url or sub}".strip())
+        at = next((i for i, w in enumerate(words) if "://" in w), None)
+        if at is None:
+            return Segment(text, words, "image", f"{cmd} {sub}".strip())
+        shown = [cmd, words[at]] if cmd in ("curl", "wget") else [cmd, *words[1:at + 1]][-6:]
+        return Segment(text, words, "image", " ".join(shown))
     targets = [w for w in rest if not w.startswith("-")]
     if _PYTHON.match(cmd) and targets and targets[0].endswith(".py"):
         # a script from the build context that downloads (a dataset from the Hugging Face hub, a URL): named
@@ -534,6 +537,10 @@ class Plan:
     they run as root, as the engine runs them, and what they change under the system folders is kept
     as the task's root layer (:func:`needs_root`)."""
 
+    image_root: bool = False
+    """The reference solution manages the image's users (``useradd``, ``chpasswd``, ``su``, ``chown git:git``):
+    the episode's shell is root in a user namespace of its own, the image's other uids mapped beside it, and
+    the account files are in the root layer (:func:`grant_users`)."""
     gone: list[str] = field(default_factory=list)
     """Roots the steps use and then remove whole (``rm -rf /build``): writable while they run, not in an episode."""
     owned: list[list] = field(default_factory=list)
@@ -564,6 +571,7 @@ class Plan:
     def to_json(self) -> dict:
         return {"key": self.key, "steps": self.steps, "pip": self.pip, "env": self.env, "mapped": self.mapped,
                 "roots": self.roots, **({"root_layer": True} if self.root_layer else {}),
+                **({"image_root": True} if self.image_root else {}),
                 **({"tools": self.tools} if self.tools else {}),
                 **({"gone": self.gone} if self.gone else {}), **({"owned": self.owned} if self.owned else {}),
                 **({"dirs": self.dirs} if self.dirs else {}),
@@ -960,6 +968,24 @@ def solution_users(script: str | None) -> str | None:
     return None
 
 
+def solution_ssh_server(script: str | None) -> str | None:
+    """The first command of a script that starts an SSH server (``/usr/sbin/sshd``, ``service ssh start``,
+    ``systemctl restart sshd``), or None: sshd listens on port 22, which only a root of the network
+    namespace's own user namespace may bind; the local sandbox's root (:func:`grant_users`) is not one."""
+    for text in command_segments(script):
+        words = _words(text)
+        if not words:
+            continue
+        tool = os.path.basename(words[0])
+        services = [w for w in words[1:] if not w.startswith("-")]
+        if tool == "sshd" or (tool in ("service", "systemctl") and any(w in ("ssh", "sshd", "ssh.service",
+                                                                               "sshd.service") for w in services)
+                              and any(w in ("start", "restart") for w in services)) \
+                or (words[0] in ("/etc/init.d/ssh", "/etc/init.d/sshd") and services[:1] in (["start"], ["restart"])):
+            return " ".join(words[:3])
+    return None
+
+
 def owned_system_paths(writes: list[str], exists=os.path.lexists) -> list[tuple[str, bool]]:
     """``(path, recursive)`` of what the sandbox's user must own for those writes to succeed, as the image's
     root would: a configuration folder under ``/etc`` whole (``/etc/nginx`` for ``/etc/nginx/conf.d/x``: a
@@ -1035,6 +1061,30 @@ def grant_system_writes(plan: Plan, script: str | None, packages: list[str]) -> 
         "sandbox's user" + (f"; its packages' folders made ({', '.join(dirs)})" if dirs else "")
         + f"; writable here: {', '.join(sorted(roots))}")
     return writes
+
+
+# the account files `useradd`, `groupadd`, `chpasswd` and `passwd` rewrite (each replaced by a new file in /etc),
+# their backups, and the lock file they open first (a file of an owner the shell's namespace does not map
+# cannot be opened for writing there, even by its root)
+ACCOUNT_FILES = ("/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow", "/etc/subuid", "/etc/subgid",
+                 "/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-", "/etc/subuid-", "/etc/subgid-",
+                 "/etc/.pwd.lock")
+
+
+def grant_users(plan: Plan, users: str) -> None:
+    """Let a reference solution manage the image's users as the image's root does (``useradd -m git``,
+    ``echo git:pw | chpasswd``, ``su - git -c ...``, ``chown git:git /srv/repo``): the account files are
+    copied into the task's root layer, owned by the sandbox's user (as the layer's ``/etc``), and the
+    episode's shell runs as root in a user namespace of its own whose root is that user and whose other uids
+    and gids (1-65535) map to an unused range of this machine's, so the users it adds own their files."""
+    have = [[p, False] for p in ACCOUNT_FILES if os.path.isfile(p)]
+    plan.owned = [*plan.owned, *(o for o in have if o not in plan.owned)]
+    plan.roots = sorted({*plan.roots, "/run"})
+    plan.root_layer = plan.image_root = True
+    plan.mapped.append(f"the reference solution manages the image's users ({users}): the shell runs as root in a user "
+                       "namespace of its own, the image's other uids mapped beside it; "
+                       + ", ".join(p for p, _ in have if not p.endswith(("-", ".lock"))) + " (and their backups and lock) "
+                       "copied into the task's root layer")
 
 
 INSTALL_HINT = "; `compactrl tasks validate --install-system-packages` installs them here"

@@ -52,11 +52,13 @@ from compactrl.envs.loaders.tb_local_build import (
     digest_of,
     go_requirement,
     grant_system_writes,
+    grant_users,
     host_go_version,
     offline_installs,
     served_installers,
     solution_network,
     solution_requirements,
+    solution_ssh_server,
     solution_system_writes,
     solution_users,
     unpreparable_install,
@@ -483,9 +485,19 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
                            "systems (EXDEV): the local sandbox's /tmp is a file system of its own, the image's is not")
     packages = apt_packages(facts.steps, [_solutions(meta)])
     users = solution_users(_solutions(meta))
-    if users and not why:
+    # as root here, the shell can be root in a user namespace of its own, where the users it adds exist
+    image_root = bool(users) and not why and bool(spec.dockerfile) and os.geteuid() == 0
+    ssh = solution_ssh_server(_solutions(meta)) if users else None
+    if ssh and (not why or _INSTALLABLE.search(why)):  # before packages whose install would not lift it
+        # the users are for SSH logins, which need the image's own root (port 22)
+        image_root, plan, why = False, None, (
+            f"needs its image: the reference solution starts an SSH server ({ssh}) for the users it adds ({users}); "
+            "port 22 needs the image's root, which the local sandbox does not have (its root, where it has one, is "
+            "a user namespace's)")
+    if users and not why and not image_root:
         plan, why = None, (f"needs its image: the reference solution manages the image's users ({users}); the local "
-                           "sandbox has one unprivileged user")
+                           "sandbox has one unprivileged user (a root layer with the image's users needs compactrl "
+                           "to run as root)")
     writes = solution_system_writes(_solutions(meta))
     if writes and not why and spec.dockerfile and os.geteuid() == 0:
         # as the image's root: what it writes there is the sandbox user's in the task's root layer
@@ -496,6 +508,10 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
                            f"({writes}); the local sandbox's shell is unprivileged (a root layer needs compactrl to "
                            "run as root)")
+    if image_root and not why:
+        if plan is None:
+            plan = Plan(key=digest, env={"PATH": BASE_PATH})
+        grant_users(plan, users)
     go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
     if go_why:
         plan, why = None, go_why
@@ -512,6 +528,8 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
             meta["not_gradable"] = why
     elif plan is not None:
         meta["local_build"] = {"build": plan.to_json()}
+        if plan.image_root:  # the local sandbox's shell is root in a user namespace of its own (grant_users)
+            meta["image_root"] = True
         meta["env"] = dict(plan.env)
         if plan.pip:  # the commands the prepared packages install (`jupyter`, `flask`) are on PATH, as pip puts them
             meta["env"]["PATH"] = "__SITE__/bin:" + plan.env.get("PATH", BASE_PATH)
@@ -581,6 +599,10 @@ def _test_file_match(spec: TaskSpec, pattern: re.Pattern, suffixes: tuple[str, .
             if m:
                 return f"tests/{rel}", m
     return None
+
+
+# a reason that installing this machine's missing packages would lift (--install-system-packages)
+_INSTALLABLE = re.compile(r"apt packages not installed on this machine|apt-get install [^;]*, which this machine lacks")
 
 
 def _tests_fetch_remote(spec: TaskSpec) -> str | None:

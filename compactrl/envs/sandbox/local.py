@@ -81,8 +81,10 @@ class LocalSandboxConfig:
     """Default wall-clock limit of one shell command, in seconds."""
     output_limit_bytes: int = 100_000
     """Output kept per command: the first and last halves, with a marker where bytes were dropped."""
-    test_output_limit_bytes: int = 2_000_000
-    """Output kept when running the tests (parsed for the verdict, then clipped like any output)."""
+    test_output_limit_bytes: int = 64 << 20
+    """Output kept when running the tests: the whole log that the verdict parses and records keep (beyond
+    it, head and tail, and the record says ``test_output_complete: false``); the agent sees it clipped to
+    ``output_limit_bytes`` like any output."""
     cpu_time_s: int = 600
     """RLIMIT_CPU of every sandboxed process, in CPU seconds."""
     memory_bytes: int = 4 << 30
@@ -268,6 +270,45 @@ def _interpreter_prefixes(python: str) -> list[str]:
     except OSError:
         pass
     return prefixes
+
+
+# The shell of a task whose reference solution manages the image's users (``metadata["image_root"]``): root
+# in a user namespace of its own, made here because unshare(1) leaves multi-range maps to newuidmap, which
+# wants /etc/subuid entries. Run as the host's root inside the sandbox's other namespaces: a child enters a
+# new user namespace; this process (privileged in the parent namespace) maps the child's root to the
+# sandbox's uid and its uids/gids 1-65535 to a range this machine does not use; the child becomes root
+# there and runs the shell, dying with this process; this process reaps every orphan (it is PID 1).
+_IMAGE_ROOT_LAUNCHER = """
+import ctypes, os, sys
+uid, base, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(ready_r); os.close(go_w)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000) != 0:
+        os.write(2, b"unshare(CLONE_NEWUSER) failed\\n"); os._exit(125)
+    os.write(ready_w, b"1"); os.close(ready_w)
+    if os.read(go_r, 1) != b"1":
+        os._exit(125)
+    os.setgroups([]); os.setresgid(0, 0, 0); os.setresuid(0, 0, 0)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG SIGKILL, after the credentials change that clears it
+    os.execv(argv[0], argv)
+os.close(ready_w); os.close(go_r)
+if os.read(ready_r, 1) != b"1":
+    sys.exit(125)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{pid}/{name}", "w") as fh:
+        fh.write(f"0 {uid} 1\\n1 {base} 65535\\n")
+os.write(go_w, b"1")
+while True:
+    done, status = os.wait()
+    if done == pid:
+        sys.exit(os.waitstatus_to_exitcode(status))
+"""
+# the host's uids and gids that the image's users (1-65535) map to: far above any this machine hands out
+IMAGE_UID_BASE = 1 << 30
 
 
 def _inner_userns() -> list[str]:
@@ -639,6 +680,11 @@ class LocalSandbox:
         layer = os.path.join(self._state, "layer") if self._state else None
         return layer if layer and os.path.isdir(layer) else None
 
+    def _image_root(self) -> bool:
+        """Whether the shell is root in a user namespace of its own (``metadata["image_root"]``: a reference
+        solution that adds users), which needs a root layer and compactrl running as root."""
+        return bool(self.task and self.task.metadata.get("image_root") and self._root_layer() and os.geteuid() == 0)
+
     def _root_layer_mounts(self, binds: list[str]) -> list[tuple[str, str]]:
         """``[(system folder, mount line)]`` of the unshare script: an overlay of the layer's folder of
         that name over the host's with a private upper layer, or (prepare) the layer's folder as upper."""
@@ -718,6 +764,9 @@ class LocalSandbox:
         ]
         if self.config.root_layer_writable:  # prepare: the image's RUN steps run as root
             lines[-1] = f"exec setpriv --pdeathsig KILL -- {' '.join(_SHELL)}"
+        elif self._image_root():  # the image's root, with the users its reference solution adds
+            lines[-1] = (f"exec {q(self._python)} -I -S -c {q(_IMAGE_ROOT_LAUNCHER)} {cfg.sandbox_uid} {IMAGE_UID_BASE} "
+                         f"{' '.join(_SHELL)}")
         user = [] if os.geteuid() == 0 else ["--map-root-user"]
         argv = ["setpriv", "--pdeathsig", "KILL", "unshare", *user, "--mount", "--net", "--pid", "--ipc",
                 "--uts", "--kill-child", "--propagation", "private", "--", "/bin/sh", "-c", "\n".join(lines)]
