@@ -52,9 +52,21 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 def has_avx512_or_amx(flags: frozenset[str] | None = None) -> bool:
-    """What vLLM's CPU backend needs for an FP8 KV cache: AVX-512 (``avx512f``) or AMX."""
-    flags = cpu_flags() if flags is None else flags
-    return "avx512f" in flags or any(f.startswith("amx") for f in flags)
+    """What vLLM's CPU backend needs for an FP8 KV cache: AVX-512 or AMX tiles.
+
+    Without ``flags``, asked as vLLM asks (``torch.cpu._is_avx512_supported`` /
+    ``_is_amx_tile_supported``, which read the CPU, not ``ATEN_CPU_CAPABILITY``); with ``flags`` (or where
+    torch lacks those functions), from the flags: ``avx512f``, ``avx512bw``, ``avx512vl`` and ``avx512dq``
+    (torch's test), or ``amx_tile``.
+    """
+    if flags is None:
+        import torch
+
+        probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_supported", "_is_amx_tile_supported")]
+        if all(probes):
+            return any(bool(probe()) for probe in probes)
+        flags = cpu_flags()
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags or "amx_tile" in flags
 
 
 def machine_stamp() -> dict[str, Any]:

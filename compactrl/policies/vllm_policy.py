@@ -63,6 +63,17 @@ DEFAULT_SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.1}
 """Largest max |delta log p| on the probe batch accepted after a sync, by engine dtype. float32 agrees
 to ~1e-6 (a stale expert layout moves it by ~0.1); bf16/fp16 activations alone differ from the float32
 learner by the measured gaps in docs/policies.md, so only a gross corruption is caught there."""
+FP8_KV_SYNC_TOLERANCE = 0.5
+"""The probe bound's floor with a quantised KV cache (``kv_cache_dtype`` "fp8*"): fp8 keys and values
+alone move the tiny models' log-probs by up to ~0.1 (measured: docs/policies.md), as much as bf16
+activations do, so the same gross-corruption bound applies."""
+
+
+def default_sync_tolerance(config: VLLMEngineConfig) -> float:
+    """The probe bound for an engine: by its dtype, no tighter than :data:`FP8_KV_SYNC_TOLERANCE` with an
+    fp8 KV cache."""
+    tol = DEFAULT_SYNC_TOLERANCE[config.dtype]
+    return max(tol, FP8_KV_SYNC_TOLERANCE) if config.kv_cache_dtype.startswith("fp8") else tol
 
 
 class EngineFailure(RuntimeError):
@@ -357,7 +368,7 @@ class VLLMPolicy:
         self.engine = engine if isinstance(engine, VLLMEngine) else VLLMEngine(engine, version=version,
                                                                                  log_path=log_path)
         self.engine_config = self.engine.config
-        tol = DEFAULT_SYNC_TOLERANCE[self.engine_config.dtype] if sync_tolerance is None else sync_tolerance
+        tol = default_sync_tolerance(self.engine_config) if sync_tolerance is None else sync_tolerance
         if not (tol > 0 and math.isfinite(tol)):
             raise ValueError(f"sync_tolerance: expected a finite number > 0, got {sync_tolerance}")
         self.sync_tolerance = tol
