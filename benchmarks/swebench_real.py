@@ -28,6 +28,7 @@ from compactrl.envs.loaders.swebench import SWEBenchConfig, load_swebench, read_
 from compactrl.envs.loaders.swebench_parity import oracle, ours, split_graded_output
 from compactrl.envs.loaders.swebench_prepare import PrepareConfig, prepare
 from compactrl.eval import run_task
+from compactrl.eval.records import record_output
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -81,7 +82,7 @@ def _run(task, policy, logs_dir: str, name: str) -> dict:
     record = run_task(task, policy, "local", sandbox_kwargs=dict(SANDBOX), give_task_to_policy=True)
     seconds = time.monotonic() - start
     info = record.get("info") or {}
-    output = info.get("test_output", "")
+    output = record_output(info) or ""
     log = split_graded_output(output)
     found = EXIT.search(output)
     exit_code = int(found.group(1)) if found else None

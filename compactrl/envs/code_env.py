@@ -439,7 +439,8 @@ def _final_info(report: TestReport | None) -> dict[str, Any]:
         # the verdict's evidence, for reports (eval's --out records, tasks validate)
         "test_timed_out": bool(report.timed_out),
         "test_log_tail": report.log_tail,
-        "test_output": report.output,
+        "test_output": report.output if report.log is None else report.log,  # whole: records re-grade it
+        "test_output_complete": bool(report.log_complete),
     }
     if report.exit_code is not None:
         info["test_exit_code"] = int(report.exit_code)

@@ -21,6 +21,7 @@ from typing import Any
 from compactrl.collectors.trace_collector import EpisodeStats, TraceCollector, summarize_episodes
 from compactrl.envs.task import Task
 from compactrl.eval.episodes import with_budget
+from compactrl.eval.records import with_encoded_output
 from compactrl.wrappers import ContextBudgetConfig
 
 TASK_SET_TOOLS = ("view", "search", "replace", "create", "shell", "submit")
@@ -97,6 +98,8 @@ def _record(position: int, task: Task, stats: EpisodeStats, builds_images: bool)
     record = stats.to_dict()
     # the task's id also when its reset failed; one collector per kind numbers its own episodes
     record.update(episode_id=position, task_id=task.id, source=task.source, kind=task.kind)
+    # the whole test log, compressed when large: a record can be graded again (compactrl.eval.records)
+    record["info"] = with_encoded_output(record.get("info") or {})
     # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback); the
     # docker backend builds a task's own image, which runs those steps itself
     built = builds_images and "image_build" in task.metadata and not task.docker_image

@@ -25,6 +25,7 @@ from typing import Any
 
 from compactrl.cli_options import Applies, refuse_ignored, track_given
 from compactrl.envs.task import Task
+from compactrl.eval.records import KEYS as RECORD_KEYS
 
 VERDICT_KEYS = ("test_exit_code", "test_timed_out", "test_limit_hit", "test_log_tail")
 
@@ -63,7 +64,9 @@ def verdict(record: dict[str, Any]) -> dict[str, Any]:
     return {"resolved": bool(record.get("success")), "exit_code": info.get("test_exit_code"),
             "timed_out": bool(info.get("test_timed_out", False)), "limit_hit": info.get("test_limit_hit"),
             "log_tail": info.get("test_log_tail", ""), "summary": info.get("test_summary", ""),
-            "sandbox_error": record.get("sandbox_error")}
+            "sandbox_error": record.get("sandbox_error"),
+            # the whole test log as the record holds it (compactrl.eval.records: plain, or gzip+base64 when large)
+            **{k: info[k] for k in (*RECORD_KEYS, "test_output_complete") if k in info}}
 
 
 def first_reason(gold: dict[str, Any] | None, noop: dict[str, Any] | None) -> str:

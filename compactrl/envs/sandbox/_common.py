@@ -73,7 +73,8 @@ def hidden_files_blocked(error: OSError) -> TestReport:
 
 
 def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestReport:
-    """The :class:`TestReport` of one run of ``check``; the output is clipped after parsing."""
+    """The :class:`TestReport` of one run of ``check``: ``output`` clipped to ``output_limit`` after parsing (what
+    the agent's ``test`` tool shows), ``log`` the whole output (what records keep)."""
     passed, failed = split_outcomes(parse_pytest_rA(res.output))
     success = check_success(check, res.exit_code, passed, timed_out=res.timed_out)
     output = res.output
@@ -83,12 +84,13 @@ def report_from_run(check: Check, res: ExecResult, output_limit: int) -> TestRep
         output = f"{output.rstrip()}\n[verdict: {'success' if success else 'failure'}: {why}]"
     full = output
     raw = output.encode("utf-8", errors="replace")
-    if len(raw) > output_limit:
+    if len(raw) > output_limit:  # the agent's view is clipped; the report keeps the whole log for records
         capped = _shell.CappedOutput(output_limit)
         capped.feed(raw)
         output = capped.text()
     return TestReport(passed=passed, failed=failed, output=output, success=success, exit_code=res.exit_code,
-                      timed_out=res.timed_out, log_tail=log_tail(full))
+                      timed_out=res.timed_out, log_tail=log_tail(full), log=full if output is not full else None,
+                      log_complete=not res.truncated)
 
 
 def log_tail(output: str, max_lines: int = 40, max_chars: int = 4000) -> str:

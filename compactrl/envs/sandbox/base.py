@@ -48,6 +48,11 @@ class TestReport:
     """A sandbox resource limit the run hit, named (e.g. "file size limit 256 MiB (RLIMIT_FSIZE)")."""
     log_tail: str = ""
     """The last lines of the raw test/verifier output (unclipped by the head+tail cap), for reports."""
+    log: str | None = None
+    """The whole test/verifier output as the run printed it (the log grading read, with the grader's
+    lines) when ``output`` is clipped for the agent; None when ``output`` is already whole. Records keep it."""
+    log_complete: bool = True
+    """False when even the test run's capture limit (``test_output_limit_bytes``) dropped the middle."""
 
 
 @runtime_checkable

@@ -93,8 +93,10 @@ class DockerSandboxConfig:
     """Default wall-clock limit of one shell command, in seconds."""
     output_limit_bytes: int = 100_000
     """Output kept per command: the first and last halves, with a marker where bytes were dropped."""
-    test_output_limit_bytes: int = 2_000_000
-    """Output kept when running the tests (parsed for the verdict, then clipped like any output)."""
+    test_output_limit_bytes: int = 64 << 20
+    """Output kept when running the tests: the whole log that the verdict parses and records keep (beyond
+    it, head and tail, and the record says ``test_output_complete: false``); the agent sees it clipped to
+    ``output_limit_bytes`` like any output."""
     memory_bytes: int = 2 << 30
     """Memory limit of the container (swap included)."""
     cpus: float = 1.0
