@@ -1290,9 +1290,9 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                     out.wheelhouse += [r for r in reqs if r not in out.wheelhouse]
                     # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
                     out.pip += [r for r in reqs if not _satisfied(r) and r not in out.pip]
-                    out.mapped.append(f"{' '.join(seg.words[:2])}: run as written, offline, its packages fetched from "
-                                      "the package index at prepare time into the wheelhouse"
-                                      + (f" ({' '.join(reqs)})" if reqs else ""))
+                    out.mapped.append(f"{' '.join(seg.words[:2])}: run as written, offline from the wheelhouse" + (
+                        f", its packages ({' '.join(reqs)}) fetched from the package index at prepare time" if reqs
+                        else ""))
                     uv_offline = True
                     pieces.append(text + sep)
                     continue
