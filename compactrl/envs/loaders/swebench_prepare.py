@@ -1367,7 +1367,7 @@ def _instance_record(row: Mapping[str, Any], spec: Mapping[str, Any], env: Mappi
                                     "reused")}, "log": inst.get("log"),
             "blobs_from_download_cache": inst.get("blobs_from_download_cache", []),
             "sources_from_download_cache": inst.get("sources_from_download_cache", []),
-            "download_cache": inst.get("download_cache")}
+            "submodules": inst.get("submodules", []), "download_cache": inst.get("download_cache")}
 
 
 def specs_entries(prepared: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
