@@ -79,3 +79,32 @@ def test_a_solution_that_adds_users_runs_as_the_images_root(cache) -> None:
     # the host's account files are untouched
     with open("/etc/passwd") as fh:
         assert not any(line.startswith("alice:") for line in fh)
+
+
+@pytest.mark.skipif(bool(local_unavailable()) or not os.path.isdir("/root") or os.geteuid() != 0,
+                    reason=str(local_unavailable() or "needs /root on the host (a prepared state under root's cache)"))
+def test_folders_leading_to_a_mount_in_the_home_are_the_shells(tmp_path) -> None:
+    # a prepared state lives under the host's ~/.cache; with HOME=/root its parents lie in the shell's
+    # private /root, and a tool's ~/.cache/uv must go beside it, as in the image
+    import tempfile
+
+    from compactrl.envs.sandbox.local import LocalSandbox, LocalSandboxConfig
+    from compactrl.envs.task import Check, Task
+
+    base = tempfile.mkdtemp(prefix=".compactrl-home-test-", dir="/root")
+    try:
+        state = os.path.join(base, "cache", "state")
+        os.makedirs(state)
+        task = Task(id="home-mount", kind="terminal", instruction="x", files={}, check=Check(kind="script", command="true"),
+                    metadata={"writable_paths": ["/root"], "home": "/root"})
+        sandbox = LocalSandbox(config=LocalSandboxConfig(ro_binds=(state,)))
+        sandbox.start(task)
+        try:
+            res = sandbox.exec(f'echo "$HOME"; mkdir {base}/cache/uv && touch {base}/cache/uv/x && echo made', timeout_s=30)
+        finally:
+            sandbox.close()
+        assert res.exit_code == 0 and res.output.split() == ["/root", "made"], res.output
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)

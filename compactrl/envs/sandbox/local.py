@@ -480,6 +480,19 @@ class LocalSandbox:
             return posixpath.normpath(home)
         return self._workdir
 
+    def _shared_parents(self, dests: list[str]) -> list[str]:
+        """The folders made inside a private writable folder to lead to a mount (``/root/.cache`` for a prepared
+        state under ``/root/.cache/compactrl``, when ``HOME`` is ``/root``): writable by the shell, as the rest
+        of that folder is (a tool's ``~/.cache/uv`` goes beside the mount), else they would be root's."""
+        out: list[str] = []
+        for root in self._writable():
+            for dest in dests:
+                if not dest.startswith(root + "/"):
+                    continue
+                parts = dest[len(root) + 1:].split("/")[:-1]
+                out += [p for p in (root + "/" + "/".join(parts[:k]) for k in range(1, len(parts) + 1)) if p not in out]
+        return out
+
     def _writable(self) -> list[str]:
         """The tmpfs folders of this episode: configured and the task's, minus the work dir's own."""
         wanted = [*self.config.writable_paths, *(self.task.metadata.get("writable_paths") or () if self.task else ())]
@@ -656,6 +669,7 @@ class LocalSandbox:
         for path in self._writable():  # before the binds: a work dir or a bind may lie inside one
             argv += ["--perms", "1777", "--size", str(self._limit("writable_bytes")), "--tmpfs", path]
         made: set[str] = set()
+        shared = set(self._shared_parents([*binds, self._workdir, _OPT_DIR]))
         for dest in [*binds, self._workdir, _OPT_DIR]:
             # bwrap would create missing parents as 0700 root: make them traversable for the shell
             parts = dest.strip("/").split("/")[:-1]
@@ -663,7 +677,7 @@ class LocalSandbox:
                 parent = "/" + "/".join(parts[:k])
                 if parent not in made and not any(parent == b or parent.startswith(b + "/") for b in binds):
                     made.add(parent)
-                    argv += ["--perms", "0755", "--dir", parent]
+                    argv += ["--perms", "1777" if parent in shared else "0755", "--dir", parent]
         for path in binds:
             argv += ["--ro-bind", path, path]
         argv += ["--bind", os.path.join(session, "work"), self._workdir,
@@ -753,6 +767,8 @@ class LocalSandbox:
             lines.append(f'mkdir -p "$R"{q(dst)}; mount --bind {q(src)} "$R"{q(dst)}')
             if ro:
                 lines.append(f'mount -o remount,bind,ro "$R"{q(dst)}')
+        for parent in self._shared_parents([dst for _src, dst, _ro in mounts]):
+            lines.append(f'chmod 1777 "$R"{q(parent)}')
         drop = " ".join(_drop_privileges(cfg.sandbox_uid))
         lines += [
             "hostname sandbox",
