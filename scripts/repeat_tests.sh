@@ -51,7 +51,10 @@ else
 fi
 CMD=(bash scripts/test.sh)
 [[ $MODE == quick ]] && CMD+=(--quick)
-MACHINE="$(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr)"
+# the CPU, and the widest vector extension it has: float kernels (torch's, vLLM's FP8 KV cache) differ by it
+CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+if grep -qw avx512f /proc/cpuinfo; then ISA=AVX-512; elif grep -qw avx2 /proc/cpuinfo; then ISA="AVX2, no AVX-512"; else ISA="no AVX2"; fi
+MACHINE="$(nproc) CPUs (${CPU_MODEL:-unknown CPU}, $ISA), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr)"
 BATCH="$(date -u +%Y-%m-%dT%H:%MZ) commit ${COMMIT:0:7}"
 STAMP=$(date -u +%H%M%S)
 
