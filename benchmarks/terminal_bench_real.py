@@ -26,6 +26,7 @@ import time
 from compactrl.envs.loaders.tb_spec import TerminalBenchError
 from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
 from compactrl.eval import run_task
+from compactrl.eval.records import record_output
 from compactrl.eval.validate import not_gradable
 from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
 
@@ -109,7 +110,7 @@ def _local_episode(task, policy) -> dict:
     started = time.monotonic()
     rec = run_task(task, policy, "local")
     info = rec.get("info") or {}
-    output = info.get("test_output", "")
+    output = record_output(info) or ""  # the whole log, however the record stores it (plain or gzip)
     ep = {"success": bool(rec["success"]), "seconds": round(time.monotonic() - started, 1),
           "sandbox_error": rec.get("sandbox_error"), "exit_code": info.get("test_exit_code"),
           "timed_out": bool(info.get("test_timed_out")), "limit_hit": info.get("test_limit_hit"),
