@@ -67,13 +67,14 @@ def summarize(out: Path, seeds: list[int]) -> dict:
         run = RunDir(out / f"seed-{seed}")
         if not (run.path / "report.md").exists():
             continue
-        metrics = [r for r in run.rows() if r.get("eval/success_rate") is not None]
+        all_rows = run.rows()
+        metrics = [r for r in all_rows if r.get("eval/success_rate") is not None]
         load = json.loads((run.path / "seed_run.json").read_text()) if (run.path / "seed_run.json").exists() else {}
         machines = run.machines()
         rows.append({"seed": seed, "sft": metrics[0]["eval/success_rate"], "final": metrics[-1]["eval/success_rate"],
                      "gain": metrics[-1]["eval/success_rate"] - metrics[0]["eval/success_rate"],
                      "curve": {str(r["iteration"]): r["eval/success_rate"] for r in metrics},
-                     "wall_clock_min": run.rows()[-1].get("time/wall_clock_s", float("nan")) / 60,
+                     "wall_clock_min": all_rows[-1].get("time/wall_clock_s", float("nan")) / 60,
                      "load": {k: load.get(k) for k in ("load_min", "load_mean", "load_max", "started_utc", "ended_utc")},
                      "machine": machines[0] if machines else None,
                      "resumed": len(machines) > 1})

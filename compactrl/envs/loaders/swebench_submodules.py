@@ -151,11 +151,8 @@ def index_release(dist: str, version: str, dest: str, opener: Callable[..., Any]
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _extract_top(archive: str, dest: str) -> None:

@@ -153,11 +153,8 @@ def fetch(url: str, cache: str | None = None, timeout_s: float = 900.0, echo=Non
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 # curl/wget options that take a value, and those that name where the file goes
