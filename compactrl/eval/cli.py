@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactrl.cli_options import Applies, given, refuse_ignored, track_given
+from compactrl.envs.loaders import task_kind
 from compactrl.eval.policies import SCRIPTED, PolicySpec, make_policy
 
 
@@ -97,7 +98,7 @@ class Context:
     tasks: str | None
     """``--tasks`` (validate: the source), or None for the generated env."""
     kind: str | None
-    """:func:`task_kind` of ``tasks``."""
+    """:func:`~compactrl.envs.loaders.task_kind` of ``tasks``."""
     policy: str = "gold"
     policy_kind: str = "scripted"
     """:attr:`PolicySpec.kind`."""
@@ -109,24 +110,6 @@ class Context:
     def is_kind(self, *kinds: str) -> bool:
         """The tasks are of one of ``kinds``, or of a kind not known before loading (the loader says why)."""
         return self.kind is None or self.kind in kinds
-
-
-def task_kind(path: str | None) -> str | None:
-    """What ``path`` holds, as :func:`~compactrl.envs.loaders.load_tasks` decides: ``terminal-bench``
-    (a folder), ``swebench`` (rows), ``records`` (Task records); None when unreadable."""
-    if not path:
-        return None
-    if os.path.isdir(path):
-        return "terminal-bench"
-    from compactrl.envs.loaders.swebench import read_rows
-
-    try:
-        rows = read_rows(path)
-    except (OSError, ValueError):
-        return None
-    if rows and "instance_id" in rows[0]:
-        return "swebench"
-    return "records" if rows else None
 
 
 def _no_tasks(c: Context) -> str:

@@ -183,7 +183,8 @@ def validate_options() -> dict:
 
 
 def validate_context(args: argparse.Namespace):
-    from compactrl.eval.cli import Context, task_kind
+    from compactrl.envs.loaders import task_kind
+    from compactrl.eval.cli import Context
 
     return Context(tasks=args.source, kind=task_kind(args.source), backend=args.backend, images=args.swebench_images)
 

@@ -29,13 +29,40 @@ def load_tasks(path: str, *, swebench: Any = None, terminal_bench: Any = None,
     from compactrl.envs.loaders.swebench import load_swebench, read_rows
 
     rows = read_rows(path)
-    if rows and "instance_id" in rows[0]:  # a row missing test_patch is reported by the loader
+    kind = rows_kind(rows)
+    if kind == "swebench":  # a row missing test_patch is reported by the loader
         if swebench is None:
             raise ValueError(f"{path}: SWE-bench rows need a SWEBenchConfig (repos_root or use_images)")
         return load_swebench(path, swebench, instance_ids=instance_ids)
-    if rows and {"id", "kind", "instruction", "files"} <= set(rows[0]):
+    if kind == "records":
         return [Task.from_json(json.dumps(r)) for r in rows]
     raise ValueError(f"{path}: expected SWE-bench rows or Task records, got keys {sorted(rows[0]) if rows else []}")
 
 
-__all__ = ["load_tasks"]
+def rows_kind(rows: list[dict[str, Any]]) -> str | None:
+    """What the rows of a ``.json``/``.jsonl`` file are: ``swebench`` (rows with ``instance_id``),
+    ``records`` (:class:`Task` records), or None (neither)."""
+    if rows and "instance_id" in rows[0]:
+        return "swebench"
+    if rows and {"id", "kind", "instruction", "files"} <= set(rows[0]):
+        return "records"
+    return None
+
+
+def task_kind(path: str | None) -> str | None:
+    """What :func:`load_tasks` would load from ``path``, without loading it: ``terminal-bench`` (a
+    folder), ``swebench`` or ``records`` (:func:`rows_kind`); None when ``path`` is not given, cannot be
+    read, or holds neither (the loader then says why)."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return "terminal-bench"
+    from compactrl.envs.loaders.swebench import read_rows
+
+    try:
+        return rows_kind(read_rows(path))
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["load_tasks", "rows_kind", "task_kind"]
