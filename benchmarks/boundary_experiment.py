@@ -113,7 +113,7 @@ PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"}}}
 def regime_config(budget: str, regime: str, threads: int, extra: dict[str, Any] | None = None):
     """The training config every arm of ``regime`` starts from (and its SFT run uses); ``extra``:
     dotted overrides on top (``--set``)."""
-    from compactrl.algos.config import override, preset
+    from compactrl.training.config import override, preset
 
     b = BUDGETS[budget]
     changes = {**b["changes"], **PRESET_REGIMES.get(b["preset"], REGIMES).get(regime, REGIMES[regime]),
@@ -136,7 +136,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def arm_config(base, arm: str, seed: int, sft_model: str):
-    from compactrl.algos.config import override
+    from compactrl.training.config import override
 
     # PPO arms evaluate at iteration 0 too, after critic pre-training: that row scores the critic the
     # policy updates start with (its success is the SFT model's and stays out of the curve)
@@ -155,10 +155,10 @@ def final_evaluation(cfg, model_dir: str, episodes: int) -> list[list]:
     (greedy; the same task seeds for every model of a regime)."""
     import torch
 
-    from compactrl.algos.config import override
-    from compactrl.algos.trainer import build_policy, make_env_fns
     from compactrl.eval.episodes import evaluate_policy
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override
+    from compactrl.training.trainer import build_policy, make_env_fns
 
     torch.set_num_threads(cfg.threads)
     tokenizer = load_tokenizer()
@@ -205,9 +205,9 @@ def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
 
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
-    from compactrl.algos.config import TrainConfig
-    from compactrl.algos.run_dir import RunDir
-    from compactrl.algos.trainer import train
+    from compactrl.training.config import TrainConfig
+    from compactrl.training.run_dir import RunDir
+    from compactrl.training.trainer import train
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
@@ -235,9 +235,9 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_sft(spec: dict[str, Any]) -> dict[str, Any]:
     """The regime's SFT model (trained once) and its held-out episodes (iteration 0 of every curve)."""
-    from compactrl.algos.config import TrainConfig, override
-    from compactrl.algos.run_dir import RunDir
-    from compactrl.algos.trainer import train
+    from compactrl.training.config import TrainConfig, override
+    from compactrl.training.run_dir import RunDir
+    from compactrl.training.trainer import train
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg, run_dir = TrainConfig.from_dict(spec["config"]), Path(spec["run_dir"])
@@ -404,13 +404,13 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str:
-    """Chain lengths and success of :class:`~compactrl.policies.scripted.OraclePolicy` on each
+    """Chain lengths and success of :class:`~compactrl.policies.scripted.code.OraclePolicy` on each
     regime's held-out tasks (the experiment's env, budget and limits), per summary quality."""
     from collections import Counter
 
-    from compactrl.algos.trainer import make_env_fns
     from compactrl.eval.episodes import evaluate_policy
-    from compactrl.policies.scripted import OraclePolicy
+    from compactrl.policies.scripted.code import OraclePolicy
+    from compactrl.training.trainer import make_env_fns
 
     lines = ["| regime | summary quality | success | traces/ep | episodes by traces (success) |", "|---|---|---|---|---|"]
     for regime in regimes:
@@ -455,7 +455,7 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
 def main(argv: list[str] | None = None) -> int:
     import platform
 
-    from compactrl.algos.config import override
+    from compactrl.training.config import override
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/boundary", help="output directory (cells/, runs, results.json/md)")

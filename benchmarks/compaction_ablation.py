@@ -102,7 +102,7 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def base_config(quick: bool, serving_budget: int | None, preset_name: str = "ablation"):
-    from compactrl.algos.config import override, preset
+    from compactrl.training.config import override, preset
 
     cfg = preset(preset_name)
     changes: dict[str, Any] = {}
@@ -115,7 +115,7 @@ def base_config(quick: bool, serving_budget: int | None, preset_name: str = "abl
 
 
 def arm_config(base, arm: str, seed: int, sft_model: str):
-    from compactrl.algos.config import override
+    from compactrl.training.config import override
 
     changes = dict(ARMS[arm])
     changes.update({"seed": seed, "model.pretrained": sft_model, "sft.enabled": False, "eval.initial": False})
@@ -131,9 +131,9 @@ def make_sft_checkpoint(base, out: Path, existing: str | None) -> tuple[str, dic
 
     Returns the SFT model directory and the evaluation row (iteration 0).
     """
-    from compactrl.algos.config import override
-    from compactrl.algos.run_dir import RunDir
-    from compactrl.algos.trainer import train
+    from compactrl.training.config import override
+    from compactrl.training.run_dir import RunDir
+    from compactrl.training.trainer import train
 
     run_dir = out / "sft"
     changes: dict[str, Any] = {"rl.iterations": 0}
@@ -147,8 +147,8 @@ def make_sft_checkpoint(base, out: Path, existing: str | None) -> tuple[str, dic
 
 def run_cell(spec: dict[str, Any]) -> str:
     """Train (or resume) one arm x seed run; its ``report.md`` marks it finished. Returns the run dir."""
-    from compactrl.algos.config import TrainConfig
-    from compactrl.algos.trainer import train
+    from compactrl.training.config import TrainConfig
+    from compactrl.training.trainer import train
 
     run_dir = Path(spec["run_dir"])
     train(TrainConfig.from_dict(json.loads(spec["config"])), run_dir, resume=(run_dir / "checkpoint.pt").exists())
@@ -181,7 +181,7 @@ def run_cells(specs: list[dict[str, Any]], *, ray_address: str | None, jobs: int
 
 
 def summarize_run(run_dir: Path) -> dict[str, Any]:
-    from compactrl.algos.run_dir import RunDir
+    from compactrl.training.run_dir import RunDir
 
     rows = RunDir(run_dir).rows()
     final = next(r for r in reversed(rows) if "eval/success_rate" in r)

@@ -41,10 +41,10 @@ KEYS = ("critic/trace_start_auc", "critic/trace_start_ev", "critic/trace_starts"
 def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, run_dir: Path, *,
              changes: dict) -> dict:
     """Pre-train a critic batch by batch up to ``max_steps`` steps; its held-out figures after each batch."""
-    from compactrl.algos.config import override
-    from compactrl.algos.run_dir import RunDir
-    from compactrl.algos.trainer import critic_pretrain_batches, make_env_fns, setup, start_rollouts
     from compactrl.eval.episodes import evaluate_policy
+    from compactrl.training.config import override
+    from compactrl.training.run_dir import RunDir
+    from compactrl.training.trainer import critic_pretrain_batches, make_env_fns, setup, start_rollouts
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = override(regime_config("full", regime, threads=2), {

@@ -18,7 +18,7 @@ import statistics
 import time
 
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.policies.scripted import OraclePolicy, RandomPolicy
+from compactrl.policies.scripted.code import OraclePolicy, RandomPolicy
 from compactrl.types import PolicyRequest
 
 TARGET = 20_000

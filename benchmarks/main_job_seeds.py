@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from compactrl.algos.run_dir import RunDir
+from compactrl.training.run_dir import RunDir
 
 
 def run_seed(seed: int, out: Path, extra: list[str]) -> dict:

@@ -45,7 +45,7 @@ def oracle(episodes: int, context: int, seed: int) -> list[int]:
 
     import compactrl  # noqa: F401  (registers the env ids)
     from compactrl.collectors.trace_collector import TraceCollector
-    from compactrl.policies.scripted import OraclePolicy
+    from compactrl.policies.scripted.code import OraclePolicy
 
     fns = [lambda: gym.make("compactrl:CompactCode-v0", budget=context) for _ in range(4)]
     collector = TraceCollector(

@@ -7,7 +7,7 @@ pipeline must raise it quickly. Everything on the path is the product's own: the
 :class:`~compactrl.types.Trace` per episode like the ContextBudget wrapper does,
 :class:`~compactrl.collectors.TraceCollector` batches generation, the critic computes values,
 :func:`~compactrl.algos.gae.trace_gae` the advantages, and :class:`~compactrl.algos.losses.CriticPPOLoss`
-(or GRPO) the update through :class:`compactrl.algos.update.Updater`.
+(or GRPO) the update through :class:`compactrl.training.update.Updater`.
 
 Run::
 
@@ -71,13 +71,13 @@ def digit_token_ids(tokenizer) -> set[int]:
 
 def run(algo: str = "ppo", seconds: float = 60.0, episodes: int = 64, seed: int = 0, lr: float = 3e-3,
         max_iterations: int = 1000) -> list[dict]:
-    from compactrl.algos.config import override, preset
-    from compactrl.algos.update import Updater
     from compactrl.collectors import TraceCollector
     from compactrl.policies.critic import ValueModel
     from compactrl.policies.tiny_moe import tiny_moe
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override, preset
+    from compactrl.training.update import Updater
 
     torch.manual_seed(seed)
     tok = load_tokenizer()

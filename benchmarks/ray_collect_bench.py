@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from compactrl.algos import trainer as T
-from compactrl.algos.config import override, preset
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector, local_ray
-from compactrl.policies.scripted import OraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy
+from compactrl.training import trainer as T
+from compactrl.training.config import override, preset
 
 OUT = Path(__file__).parent / "results" / "ray_collect_bench.json"
 

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compactrl.algos import trainer as T
-from compactrl.algos.config import override, preset
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import InferenceEngine, RayCollector, local_ray
 from compactrl.policies.transformers_policy import SamplingConfig
+from compactrl.training import trainer as T
+from compactrl.training.config import override, preset
 
 OUT = Path(__file__).parent / "results" / "ray_engine_bench.json"
 ENV = {"env.backend": "sim", "env.max_turns": 12, "env.context_budget.budget": 860,

@@ -20,7 +20,7 @@ import collections
 import random
 import time
 
-from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
+from compactrl.tasksets.generators.code import CodeTaskGenerator, task_seed_for
 from compactrl.testing import sandbox_fidelity as F
 
 

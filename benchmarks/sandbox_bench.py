@@ -21,10 +21,10 @@ import statistics
 import time
 
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
-from compactrl.envs.sandbox import make_sandbox
-from compactrl.envs.tools import parse_action
+from compactrl.sandbox import make_sandbox
+from compactrl.tasksets.generators.code import CodeTaskGenerator, task_seed_for
 from compactrl.testing.sandbox_fidelity import oracle_actor, scripted_actor
+from compactrl.tools import parse_action
 
 SHELL_EPISODE = [
     "<tool>shell ls -R | head -40</tool>",

@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from compactrl.algos.config import preset
     from compactrl.algos.packing import micro_batches
-    from compactrl.algos.sft import model_log_probs, trim_padding
-    from compactrl.algos.trainer import build_policy, collect_demonstrations
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import preset
+    from compactrl.training.sft import model_log_probs, trim_padding
+    from compactrl.training.trainer import build_policy, collect_demonstrations
 
     cfg = preset("main")
     tokenizer = load_tokenizer()

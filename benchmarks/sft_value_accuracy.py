@@ -28,8 +28,8 @@ PATTERNS = {
 
 def held_out_demos(episodes: int, seed: int):
     """Reading-order demonstrations on test-split tasks, through the main preset's wrapper (all kept)."""
-    from compactrl.algos.config import override, preset
-    from compactrl.algos.trainer import collect_demonstrations
+    from compactrl.training.config import override, preset
+    from compactrl.training.trainer import collect_demonstrations
 
     cfg = override(preset("main"), {"seed": seed, "sft.demo_episodes": episodes, "sft.keep_truncated": True})
     return collect_demonstrations(cfg, pad_id=0, split="test")[0]

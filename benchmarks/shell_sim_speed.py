@@ -3,7 +3,7 @@
     python benchmarks/shell_sim_speed.py                       # baseline = the emulator before the shell language
     python benchmarks/shell_sim_speed.py --episodes 100 --repeats 5 --base <rev>
 
-The baseline's ``compactrl/envs/shell_sim`` package is taken from git (``git archive <rev>``, into a
+The baseline's ``compactrl/shell_sim`` package is taken from git (``git archive <rev>``, into a
 temp dir) and loaded in place of the current one; everything else (the env, the tasks, the
 terminal oracle policy) is the current tree, so only the emulator differs. Each repeat runs the
 same seeded episodes once per side, in alternating worker processes, so both sides see the same
@@ -30,18 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_shell_from(directory: str) -> None:
-    """Import ``compactrl.envs.shell_sim`` from ``directory`` before anything else imports it."""
-    spec = importlib.util.spec_from_file_location("compactrl.envs.shell_sim", Path(directory) / "__init__.py",
+    """Import ``compactrl.shell_sim`` from ``directory`` before anything else imports it."""
+    spec = importlib.util.spec_from_file_location("compactrl.shell_sim", Path(directory) / "__init__.py",
                                                   submodule_search_locations=[directory])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["compactrl.envs.shell_sim"] = module
+    sys.modules["compactrl.shell_sim"] = module
     spec.loader.exec_module(module)
 
 
 def worker(episodes: int, seed: int) -> dict:
     from compactrl.envs.terminal_env import TerminalEnv
-    from compactrl.policies.scripted_terminal import TerminalOraclePolicy
+    from compactrl.policies.scripted.terminal import TerminalOraclePolicy
     from compactrl.types import PolicyRequest
 
     env = TerminalEnv(split="test")
@@ -76,7 +76,7 @@ def run_side(shell_dir: str | None, episodes: int, seed: int) -> dict:
 
 
 def export_baseline(rev: str, dest: str) -> str:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "compactrl/envs/shell_sim"],
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "compactrl/shell_sim"],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     return str(Path(dest) / "compactrl" / "envs" / "shell_sim")

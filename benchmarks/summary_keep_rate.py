@@ -32,11 +32,11 @@ def probe(model_dir: str, *, temperature: float, episodes: int, seed: int) -> di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from compactrl.algos.config import preset
-    from compactrl.algos.trainer import make_env_fns
     from compactrl.eval import evaluate_policy
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import preset
+    from compactrl.training.trainer import make_env_fns
 
     cfg = preset("main")
     tok = load_tokenizer()
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=64, help="held-out episodes per model")
     p.add_argument("--seed", type=int, default=None, help="task-seed stream (default: the trainer's eval.seed)")
     args = p.parse_args(argv)
-    from compactrl.algos.config import preset
+    from compactrl.training.config import preset
 
     seed = preset("main").eval.seed if args.seed is None else args.seed
     for model_dir in args.models:

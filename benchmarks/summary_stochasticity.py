@@ -111,8 +111,8 @@ class _Replay:
 
 def _play(cfg, policy, episodes: int, seed: int) -> dict[str, bool]:
     """Held-out episodes (the task-seed stream of ``seed``); task id -> success."""
-    from compactrl.algos.trainer import make_env_fns
     from compactrl.collectors.trace_collector import TraceCollector
+    from compactrl.training.trainer import make_env_fns
 
     fns = make_env_fns(cfg.env, split=cfg.eval.split, count=min(cfg.env.num_envs, episodes),
                        budget=cfg.eval.context_budget or None)
@@ -128,10 +128,10 @@ def sample_and_replay(cfg, model_dir: str, *, contexts: int, samples: int, seed:
     """Record the first summary context of ``contexts`` held-out episodes, sample there, replay."""
     import torch
 
-    from compactrl.algos.config import override
-    from compactrl.algos.trainer import build_policy
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override
+    from compactrl.training.trainer import build_policy
 
     torch.set_num_threads(cfg.threads)
     cfg = override(cfg, {"model.pretrained": str(model_dir), "eval.temperature": 0.0})
@@ -238,7 +238,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def load_config(model_dir: str, preset_name: str | None, overrides: list[str]):
     """The run's config next to ``model_dir`` (unless ``preset_name``), then ``KEY=VALUE`` overrides."""
-    from compactrl.algos.config import TrainConfig, override, preset
+    from compactrl.training.config import TrainConfig, override, preset
 
     run_config = Path(model_dir).resolve().parent / "config.json"
     if preset_name is None and run_config.is_file():

@@ -25,10 +25,10 @@ import platform
 import sys
 import time
 
-from compactrl.envs.loaders.swebench import SWEBenchConfig, load_specs, load_swebench, read_rows
-from compactrl.envs.loaders.swebench_prepare import PrepareConfig, prepare
 from compactrl.eval import run_task
-from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.tasksets.swebench.prepare import PrepareConfig, prepare
+from compactrl.tasksets.swebench.rows import SWEBenchConfig, load_specs, load_swebench, read_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = os.path.join(HERE, "data", "swebench_lite_local.jsonl")

@@ -4,7 +4,7 @@ For every row of ``--rows`` (default ``benchmarks/data/swebench_real.jsonl``: Li
 not in ``swebench_lite_local.jsonl``), ``compactrl tasks prepare`` builds (or reuses) the environment
 of its (repository, version) and its work tree, then the row runs twice on the local sandbox: the
 ``gold`` policy must resolve it and ``noop`` must not. Each of the two test logs is also graded by the
-``swebench`` package itself (``swebench.harness.grading``, :mod:`compactrl.envs.loaders.swebench_parity`):
+``swebench`` package itself (``swebench.harness.grading``, :mod:`compactrl.tasksets.swebench.parity`):
 the parity columns say whether its verdict equals ours. Rows the loader flags ``not_gradable`` are
 listed with the reason and not run. Writes a Markdown table (``--out``) with the times per
 environment and per row and the machine's load, a JSON file beside it, and each run's test log under
@@ -24,12 +24,12 @@ import re
 import sys
 import time
 
-from compactrl.envs.loaders.swebench import SWEBenchConfig, load_swebench, read_rows
-from compactrl.envs.loaders.swebench_parity import oracle, ours, split_graded_output
-from compactrl.envs.loaders.swebench_prepare import PrepareConfig, prepare
 from compactrl.eval import run_task
 from compactrl.eval.records import record_output
-from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.tasksets.swebench.parity import oracle, ours, split_graded_output
+from compactrl.tasksets.swebench.prepare import PrepareConfig, prepare
+from compactrl.tasksets.swebench.rows import SWEBenchConfig, load_swebench, read_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = os.path.join(HERE, "data", "swebench_real.jsonl")
@@ -100,7 +100,7 @@ def _run(task, policy, logs_dir: str, name: str) -> dict:
 
 
 def export_logs(folder: str, results: list[dict], rows_by_id: dict, max_bytes: int) -> None:
-    """Small real logs and what both graders must say of them, for tests/loaders/test_swebench_parity.py."""
+    """Small real logs and what both graders must say of them, for tests/tasksets/test_swebench_parity.py."""
     os.makedirs(folder, exist_ok=True)
     cases = []
     for r in results:

@@ -7,7 +7,7 @@ docker backend (each task in its own image, built from its Dockerfile) and on th
 The folders are not vendored (benchmark data with a canary); TASKS says where each comes from.
 ``docker`` needs an engine (``DOCKER_HOST``; ``scripts/ci_docker.sh`` starts Podman's). Base images
 the engine lacks (no registry is reachable here but Debian's and Ubuntu's mirrors, PyPI, npm and the
-Go module proxy) are replaced by their family substitutes (``compactrl.envs.sandbox.base_images``,
+Go module proxy) are replaced by their family substitutes (``compactrl.tasksets.terminal_bench.base_images``,
 built on first use, cached); the table names each base's substitute and how it differs, or why a
 base has none. ``--tasks-file`` reads the task list from a JSON list of ``{"path", "format",
 "source_repo", "commit"}`` (``benchmarks/data/terminal_bench_real.tasks.json``) instead of TASKS.
@@ -23,12 +23,12 @@ import json
 import os
 import time
 
-from compactrl.envs.loaders.tb_spec import TerminalBenchError
-from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir
 from compactrl.eval import run_task
 from compactrl.eval.records import record_output
 from compactrl.eval.validate import not_gradable
-from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig, load_task_dir
+from compactrl.tasksets.terminal_bench.spec import TerminalBenchError
 
 # (folder under --tasks-root, where it was published)
 TASKS = [
@@ -40,8 +40,8 @@ TASKS = [
 ]
 def _base(task) -> str:
     """Each base and the family substitute the docker backend builds for it (base_images.py)."""
-    from compactrl.envs.sandbox import base_images
-    from compactrl.envs.sandbox.docker import dockerfile_bases
+    from compactrl.sandbox.docker import dockerfile_bases
+    from compactrl.tasksets.terminal_bench import base_images
 
     build = task.metadata.get("image_build")
     if not build:
@@ -69,8 +69,8 @@ def _episode(task, policy, backend: str, kwargs: dict) -> dict:
 
 
 def run_docker(task, client, network: str = "none") -> dict:
-    from compactrl.envs.sandbox.base import SandboxError
-    from compactrl.envs.sandbox.docker import DockerSandboxConfig, build_task_image, task_build
+    from compactrl.sandbox.base import SandboxError
+    from compactrl.sandbox.docker import DockerSandboxConfig, build_task_image, task_build
 
     # bases the engine lacks: their family substitutes (base_families=True)
     kwargs: dict = {} if network == "none" else {"network": network}
@@ -105,7 +105,7 @@ def run_local(folder: str) -> dict:
 
 
 def _local_episode(task, policy) -> dict:
-    from compactrl.envs.sandbox.tb_verdict import reward_blocks
+    from compactrl.sandbox.tb_verdict import reward_blocks
 
     started = time.monotonic()
     rec = run_task(task, policy, "local")

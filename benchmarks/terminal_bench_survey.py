@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig, load_task_dir  # noqa: E402
+from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig, load_task_dir  # noqa: E402
 
 # the first of these a reason holds is its kind (the rest: the reason's first words)
 KINDS = ("docker-compose", "git clone", "needs network", "apt packages", "pip install", "not loaded", "dotnet",

@@ -60,7 +60,7 @@ def prompts_of(n: int, length: int, seed: int) -> list[list[int]]:
 def bench_generate(args, tokenizer) -> dict:
     from compactrl.policies.tiny_moe import tiny_moe
     from compactrl.policies.transformers_policy import TransformersPolicy
-    from compactrl.policies.vllm_policy import VLLMPolicy
+    from compactrl.serving.vllm.policy import VLLMPolicy
 
     model = tiny_moe("glm4_moe", vocab_size=len(tokenizer), seed=0)
     never = [len(tokenizer) + 7]  # transformers: a stop id that cannot be sampled (the engine: no stop ids)
@@ -110,7 +110,7 @@ SIZES = {
 
 def bench_sync(args, tokenizer) -> dict:
     from compactrl.policies.tiny_moe import tiny_moe
-    from compactrl.policies.vllm_policy import VLLMPolicy
+    from compactrl.serving.vllm.policy import VLLMPolicy
 
     rows = []
     for name, kw in SIZES.items():
@@ -178,7 +178,7 @@ def bench_bf16(args, tokenizer) -> dict:
     """A bf16 engine against the fp32 learner on the default tiny glm4_moe (sharper distributions than
     the smoke model's): sampled tokens' log-probs at temperature 1, k3 KL(engine || learner)."""
     from compactrl.policies.tiny_moe import tiny_moe
-    from compactrl.policies.vllm_policy import VLLMPolicy, learner_log_probs, max_abs_diff
+    from compactrl.serving.vllm.policy import VLLMPolicy, learner_log_probs, max_abs_diff
 
     model = tiny_moe("glm4_moe", vocab_size=len(tokenizer), seed=0)
     with torch.no_grad():  # peaked next-token distributions, as a trained model has
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS / "vllm_engine_bench"))
     p.add_argument("--merge", action="store_true", help="keep the other parts of an existing result file")
     args = p.parse_args(argv)
-    from compactrl.policies.vllm_policy import engine_env_missing
+    from compactrl.serving.vllm.policy import engine_env_missing
     from compactrl.tokenizer import load_tokenizer
 
     missing = engine_env_missing()

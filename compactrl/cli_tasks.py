@@ -3,7 +3,7 @@
 ``prepare``: Python environments and work trees for SWE-bench rows: per (repository, version) of
 the rows a venv built from the harness's specs, per row a work tree at ``base_commit`` with the
 harness's pre_install and install steps run; then ``specs.json`` for ``compactrl eval
---swebench-specs`` and ``manifest.json`` (see :mod:`compactrl.envs.loaders.swebench_prepare`).
+--swebench-specs`` and ``manifest.json`` (see :mod:`compactrl.tasksets.swebench.prepare`).
 
 ``validate``: gold must succeed and noop fail on every task of a set (see :mod:`compactrl.eval.validate`).
 """
@@ -85,7 +85,7 @@ def _progress(message: str) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from compactrl.envs.loaders.swebench_prepare import PrepareConfig, prepare
+    from compactrl.tasksets.swebench.prepare import PrepareConfig, prepare
 
     refuse_ignored(args, PREPARE_OPTIONS, args)
     ids = tuple(i for i in (args.instance_ids or "").split(",") if i) or None

@@ -23,7 +23,7 @@ from torchrl.envs import GymWrapper
 from torchrl.envs.gym_like import BaseInfoDictReader
 
 import compactrl  # noqa: F401  (registers CompactCode-v0)
-from compactrl.policies.scripted import OraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy
 from compactrl.types import PolicyRequest
 
 INFO_KEYS = {"compaction_required": torch.bool, "trace_index": torch.int64, "context_tokens": torch.int64}

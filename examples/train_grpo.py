@@ -24,12 +24,12 @@ import torch
 import compactrl  # noqa: F401  (registers CompactCode-v0)
 from compactrl.algos.losses import GRPOConfig, GRPOLoss, add_loss_normalizers, grpo_advantage
 from compactrl.algos.packing import micro_batches
-from compactrl.algos.sft import copy_warmup, sft_train
 from compactrl.collectors import TraceCollector, summarize_episodes
-from compactrl.policies.demonstrators import ReadingOrderOracle
+from compactrl.policies.scripted.demonstrators import ReadingOrderOracle
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.tokenizer import shared_tokenizer
+from compactrl.training.sft import copy_warmup, sft_train
 from compactrl.wrappers import ContextBudgetConfig
 
 TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"

@@ -29,13 +29,13 @@ import compactrl  # noqa: F401  (registers CompactCode-v0)
 from compactrl.algos.gae import trace_gae
 from compactrl.algos.losses import CriticPPOConfig, CriticPPOLoss, add_loss_normalizers, whiten_advantages
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
-from compactrl.algos.sft import copy_warmup, sft_train
 from compactrl.collectors import TraceCollector, summarize_episodes
 from compactrl.policies.critic import ValueModel
-from compactrl.policies.demonstrators import ReadingOrderOracle
+from compactrl.policies.scripted.demonstrators import ReadingOrderOracle
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.tokenizer import shared_tokenizer
+from compactrl.training.sft import copy_warmup, sft_train
 from compactrl.wrappers import ContextBudgetConfig
 
 TINY = os.environ.get("COMPACTRL_EXAMPLE_TINY") == "1"

@@ -6,7 +6,7 @@ Usage::
     python scripts/build_tokenizer.py --out /tmp/tok  # somewhere else (e.g. to compare two builds)
 
 The corpus is the project's own text: the CompactCode task generator's tasks (instructions and
-repository files) when ``compactrl.envs.generators.code`` is importable, plus a built-in,
+repository files) when ``compactrl.tasksets.generators.code`` is importable, plus a built-in,
 seeded corpus of Python-project text and chat/tool-language turns (``<tool>view PATH 1 40</tool>``,
 ``<tool>replace ...</tool>``, test reports, summaries). The same code and library versions
 produce byte-identical files.
@@ -219,10 +219,10 @@ def generated_corpus(seed: int = 0) -> Iterator[str]:
     and ``view`` outputs in the env's line-numbered format.
     """
     try:
-        from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
-        from compactrl.envs.tools import TOOL_NAMES, describe_tools
+        from compactrl.tasksets.generators.code import CodeTaskGenerator, task_seed_for
+        from compactrl.tools import TOOL_NAMES, describe_tools
     except ImportError:
-        log.warning("compactrl.envs.generators.code not importable: using the built-in corpus only")
+        log.warning("compactrl.tasksets.generators.code not importable: using the built-in corpus only")
         return
     rng = random.Random(seed)
     system = describe_tools(TOOL_NAMES)

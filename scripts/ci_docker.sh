@@ -94,7 +94,7 @@ cleanup() {
   if [[ -n "$service_pid" ]]; then
     # the tests remove their containers; these are the ones a crashed or killed test left
     DOCKER_HOST="unix://$SOCK" "$PY" -c "import docker
-from compactrl.envs.sandbox.docker import reap_stale_containers
+from compactrl.sandbox.docker import reap_stale_containers
 n = len(reap_stale_containers(docker.from_env(timeout=30)))
 if n:
     print(f'ci_docker: removed {n} container(s) left by the tests')" >&2
@@ -140,7 +140,7 @@ log "engine: podman $(podman --version | awk '{print $3}') at $DOCKER_HOST"
 # The Debian 12 root that base-image family substitutes start from (debootstrap, cached in $CACHE and
 # the engine), made here so that the tests download nothing; the tests that need it skip without it.
 start=$(date +%s)
-if COMPACTRL_CACHE="$CACHE" "$PY" -m compactrl.envs.sandbox.base_images build debian:bookworm-slim >"$CACHE/base-images.log" 2>&1; then
+if COMPACTRL_CACHE="$CACHE" "$PY" -m compactrl.tasksets.terminal_bench.base_images build debian:bookworm-slim >"$CACHE/base-images.log" 2>&1; then
   log "base-image root ready ($(($(date +%s) - start)) s)"
 else
   log "could not build the base-image root (see $CACHE/base-images.log): those tests will skip"

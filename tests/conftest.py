@@ -23,10 +23,10 @@ def _torch_threads():
 # (tests/vllm/test_engine.py's engine per architecture, tests/distributed's local Ray) start once per
 # file and worker. The workers take the files in the order below, longest first (as measured on 2
 # cores), the rest in file order, so that no long file starts last.
-_LONGEST_FIRST = ("tests/trainer/test_trainer.py", "tests/vllm/test_engine.py", "tests/vllm/test_train.py",
+_LONGEST_FIRST = ("tests/training/test_trainer.py", "tests/vllm/test_engine.py", "tests/vllm/test_train.py",
                   "tests/distributed/test_ray_collector.py", "tests/vllm/test_architectures.py",
-                  "tests/distributed/test_no_leftovers.py", "tests/trainer/test_summary_keep_rate.py",
-                  "tests/trainer/test_ablation.py", "tests/policies/test_transformers_policy.py")
+                  "tests/distributed/test_no_leftovers.py", "tests/training/test_summary_keep_rate.py",
+                  "tests/training/test_ablation.py", "tests/policies/test_transformers_policy.py")
 
 
 # Every test's timeout (pytest-timeout: the ini's 300 s, or the test's own `timeout` mark) is a hang

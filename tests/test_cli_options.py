@@ -14,12 +14,12 @@ import json
 
 import pytest
 
-from compactrl.algos import train_cli
 from compactrl.cli import main
 from compactrl.cli_options import given, refuse_ignored, undecided
 from compactrl.eval import cli as eval_cli
 from compactrl.eval import validate
 from compactrl.eval.policies import PolicySpec
+from compactrl.training import cli as train_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -219,7 +219,7 @@ def test_instance_ids_select_terminal_bench_folders_and_task_records(records):
     assert loaded == [f"{TB_FOLDER}/sparse-file", f"{TB_FOLDER}/var-lib"]  # only those are loaded (prepared)
     with pytest.raises(ValueError, match=r"--instance-ids: not in .*\['nope'\]"):
         eval_cli._load_ids(TB_FOLDER, ["nope"], load)
-    from compactrl.envs.task import Task
+    from compactrl.task import Task
 
     tasks = [Task.from_json(line) for line in open(records)]
     assert eval_cli._load_ids(records, ["t"], lambda path: tasks) == tasks
@@ -228,6 +228,6 @@ def test_instance_ids_select_terminal_bench_folders_and_task_records(records):
 
 
 def _task(task_id: str):
-    from compactrl.envs.task import Task
+    from compactrl.task import Task
 
     return Task(id=task_id, kind="code", instruction="fix it", files={})

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from compactrl.policies.vllm_policy import (
+from compactrl.provenance import cpu_flags, cpu_model, has_avx512_or_amx, machine_stamp, stamp_markdown
+from compactrl.serving.vllm.policy import (
     DEFAULT_SYNC_TOLERANCE,
     FP8_KV_SYNC_TOLERANCE,
     VLLMEngineConfig,
     default_sync_tolerance,
 )
-from compactrl.provenance import cpu_flags, cpu_model, has_avx512_or_amx, machine_stamp, stamp_markdown
 
 EPYC_AVX512 = """processor\t: 0
 vendor_id\t: AuthenticAMD

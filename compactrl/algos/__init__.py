@@ -1,8 +1,9 @@
-"""Algorithms: GAE (flat and across traces), critic PPO and GRPO losses, packing, the update step, the
-training loop.
+"""Algorithms, the maths only: GAE (flat, across traces, over trace trees), critic PPO and GRPO losses,
+packing, the boundary-bias analysis and the critic diagnostics. The loop that runs them is in
+:mod:`compactrl.training`.
 
 Names resolve lazily (one line per name below), so that importing a light module such as
-``compactrl.algos.config`` does not import torchrl.
+``compactrl.algos.gae`` does not import torchrl.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ _EXPORTS = {
     "whiten_advantages": "compactrl.algos.losses",
     "build_losses": "compactrl.algos.losses",
     "advantage_estimator": "compactrl.algos.losses",
-    "Updater": "compactrl.algos.update",
     "pack_rows": "compactrl.algos.packing",
     "micro_batches": "compactrl.algos.packing",
     "padding_share": "compactrl.algos.packing",

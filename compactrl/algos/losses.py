@@ -13,7 +13,7 @@ The actor exposes ``log_prob(tokens, attention_mask, select) -> (logp, entropy)`
 only where ``select``, the loss's tokens, is set; an actor may leave the rest 0) and the critic
 ``value(tokens, attention_mask) -> value``, all ``[N, L]`` and aligned with ``tokens``
 (``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``). The options are the dataclasses of
-:mod:`compactrl.algos.config` (``RLConfig.ppo`` / ``RLConfig.grpo`` nest them as they are).
+:mod:`compactrl.training.config` (``RLConfig.ppo`` / ``RLConfig.grpo`` nest them as they are).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.objectives import LossModule
 
-from compactrl.algos.config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
+from compactrl.training.config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
 
 __all__ = [
     "PolicyLossConfig",
@@ -256,7 +256,7 @@ class GRPOLoss(_PolicyLoss):
 
 def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
     """``batch -> batch`` with ``advantage`` (and, for PPO, ``value_target``) written, per ``rl``
-    (``compactrl.algos.config.RLConfig``).
+    (``compactrl.training.config.RLConfig``).
 
     PPO: token-level GAE over the batch's traces (``gamma``, ``lmbda`` or the adaptive lambda with
     ``lmbda_alpha``, ``value_lmbda``, ``boundary``, ``truncation``; needs ``value``); GRPO: the

@@ -18,7 +18,7 @@ streams it, bucketed, to its engine process under per-expert checkpoint names, t
 version, where vLLM's ``reload_weights`` loads it; then the engine and the state dict (rebuilt as a
 Hugging Face model from the served config) score the probe batch, and a disagreement beyond the
 bound fails the call with a ``SyncCheckError`` naming the version
-(:meth:`~compactrl.policies.vllm_policy.VLLMPolicy.update_weights`).
+(:meth:`~compactrl.serving.vllm.policy.VLLMPolicy.update_weights`).
 Every answer carries the version the engine sampled with; the batch records, per episode, the
 oldest version any of its responses came from.
 
@@ -152,7 +152,7 @@ def load_published(policy: Any, state: Mapping[str, torch.Tensor], version: int 
     A ``VLLMPolicy`` gets it as a Hugging Face model rebuilt from the served model's config (what
     its sync sends and what its probe check scores against), as weight version ``version``.
     """
-    from compactrl.policies.vllm_policy import VLLMPolicy  # the learner side only: no vllm import here
+    from compactrl.serving.vllm.policy import VLLMPolicy  # the learner side only: no vllm import here
 
     if isinstance(policy, VLLMPolicy):
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -253,7 +253,7 @@ class ServedEngine:
 
     def __init__(self, policy: Any) -> None:
         from compactrl.policies.openai_client import OpenAICompletionsPolicy
-        from compactrl.policies.serve import ServeConfig, make_server
+        from compactrl.serving.server import ServeConfig, make_server
 
         self.policy = policy
         self.server = make_server(policy, ServeConfig(host="127.0.0.1", port=0, model_name="engine")).start()
@@ -280,7 +280,7 @@ def served_engine(policy_fn: EngineFn, index: int) -> ServedEngine:
 
 def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] | None = None,
                 tokenizer: Any = None, **policy_kwargs: Any) -> Policy:
-    """An ``engine_fn``: a :class:`~compactrl.policies.vllm_policy.VLLMPolicy` whose vLLM engine process
+    """An ``engine_fn``: a :class:`~compactrl.serving.vllm.policy.VLLMPolicy` whose vLLM engine process
     (``.venv-vllm``, built by ``bash scripts/setup.sh --vllm`` on every node) serves the Hugging Face
     model in ``model_dir`` (present on every node), seeded per engine.
 
@@ -289,7 +289,7 @@ def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] 
     ``FileNotFoundError`` saying how to build it. Ray's restart of a dead actor starts a new engine
     process. Tensor parallelism inside one engine is vLLM's own and is not wired: one device per engine.
     """
-    from compactrl.policies.vllm_policy import VLLMEngineConfig, VLLMPolicy, engine_env_missing
+    from compactrl.serving.vllm.policy import VLLMEngineConfig, VLLMPolicy, engine_env_missing
 
     missing = engine_env_missing((engine_kwargs or {}).get("python") or None)
     if missing:  # the clear error, before any tokenizer or engine is built

@@ -14,13 +14,13 @@ _EXPORTS = {
     "TaskList": "compactrl.envs.code_env",
     "ChatMessages": "compactrl.envs.spaces",
     "UnicodeText": "compactrl.envs.spaces",
-    "ToolCall": "compactrl.envs.tools",
-    "FormatError": "compactrl.envs.tools",
-    "parse_action": "compactrl.envs.tools",
-    "format_call": "compactrl.envs.tools",
-    "Task": "compactrl.envs.task",
-    "Check": "compactrl.envs.task",
-    "make_sandbox": "compactrl.envs.sandbox",
+    "ToolCall": "compactrl.tools",
+    "FormatError": "compactrl.tools",
+    "parse_action": "compactrl.tools",
+    "format_call": "compactrl.tools",
+    "Task": "compactrl.task",
+    "Check": "compactrl.task",
+    "make_sandbox": "compactrl.sandbox",
 }
 
 __all__ = sorted(_EXPORTS)

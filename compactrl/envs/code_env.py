@@ -2,7 +2,7 @@
 
 The observation is text: ``reset`` returns the task message (instruction plus the list of files),
 ``step`` the output of the tool the response called. The action is the model's whole response; the
-env parses exactly one tool call from it (:mod:`compactrl.envs.tools`). Malformed responses are
+env parses exactly one tool call from it (:mod:`compactrl.tools`). Malformed responses are
 observations explaining the format, never exceptions, and are counted in ``info["format_errors"]``.
 
 File tools (view, search, replace, create) run here on top of the sandbox's ``read_file`` /
@@ -24,11 +24,11 @@ from typing import Any, Protocol, runtime_checkable
 import gymnasium as gym
 import numpy as np
 
-from compactrl.envs.generators.dynamics import task_dynamics
-from compactrl.envs.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
 from compactrl.envs.spaces import UnicodeText
-from compactrl.envs.task import Check, Task
-from compactrl.envs.tools import FormatError, ToolCall, describe_tools, normalize_path, parse_action
+from compactrl.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
+from compactrl.task import Check, Task
+from compactrl.tasksets.generators.dynamics import task_dynamics
+from compactrl.tools import FormatError, ToolCall, describe_tools, normalize_path, parse_action
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,11 @@ CODE_TOOLS: tuple[str, ...] = ("view", "search", "replace", "create", "test", "s
 def with_backend_state(task: Task, backend: str) -> Task:
     """``task`` with what ``backend`` needs prepared before its episode: for the local backend, the
     replayed Dockerfile state of a Terminal-Bench task (``metadata["local_state"]``), taken from the
-    cache or built now without downloads (:func:`compactrl.envs.loaders.tb_local_build.with_local_state`).
+    cache or built now without downloads (:func:`compactrl.tasksets.terminal_bench.local_build.with_local_state`).
     Other tasks and backends come back unchanged."""
     if backend != "local" or not task.metadata.get("local_build") or task.metadata.get("local_state"):
         return task
-    from compactrl.envs.loaders.tb_local_build import with_local_state
+    from compactrl.tasksets.terminal_bench.local_build import with_local_state
 
     return with_local_state(task)
 
@@ -93,7 +93,7 @@ class ToolEnv(gym.Env[str, str]):
         time_limit_s: wall-clock limit per episode; ``None`` uses each task's ``time_limit_s`` on a
             real sandbox and none on ``sim`` (a simulated episode ends by its turns alone, so its
             outcome does not depend on how loaded the machine is).
-        sandbox_kwargs: passed to :func:`~compactrl.envs.sandbox.make_sandbox`.
+        sandbox_kwargs: passed to :func:`~compactrl.sandbox.make_sandbox`.
         max_view_lines: most lines one ``view`` shows (longer files are read in pieces).
         max_search_results: most ``search`` matches shown.
         max_observation_chars: observations longer than this are clipped head+tail.
@@ -453,7 +453,7 @@ class CodeRepoEnv(ToolEnv):
     """Fix a bug in a small Python repository (``CompactCode-v0`` before context budgeting).
 
     ``task_source=None`` draws generated tasks of ``difficulty`` (``easy``, ``default``, ``hard``
-    or a :class:`~compactrl.envs.generators.code.CodeTaskConfig`) from ``split`` (``train``,
+    or a :class:`~compactrl.tasksets.generators.code.CodeTaskConfig`) from ``split`` (``train``,
     ``val``, ``test``; disjoint). ``reset(options={"index": i})`` picks task ``i`` of the split;
     ``reset(options={"task": task})`` a given task. Other keyword arguments: see :class:`ToolEnv`.
     """
@@ -468,7 +468,7 @@ class CodeRepoEnv(ToolEnv):
         **kwargs: Any,
     ) -> None:
         if task_source is None:
-            from compactrl.envs.generators.code import CodeTaskGenerator, GeneratedTasks
+            from compactrl.tasksets.generators.code import CodeTaskGenerator, GeneratedTasks
 
             task_source = GeneratedTasks(CodeTaskGenerator(difficulty), split)
         self.difficulty, self.split = difficulty, split

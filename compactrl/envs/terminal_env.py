@@ -3,7 +3,7 @@
 The agent mostly uses ``<tool>shell COMMAND</tool>``; the file tools (view, search, replace,
 create) stay available, and ``submit`` grades the final state. There is no ``test`` tool: as in
 Terminal-Bench, the checker runs only once, after the agent finishes. On the sim backend the shell
-is :mod:`compactrl.envs.shell_sim` (a documented bash subset, never executing anything) and the
+is :mod:`compactrl.shell_sim` (a documented bash subset, never executing anything) and the
 verdict is the generated task's checker run in-process; on ``local`` and ``docker`` it is real
 bash and the hidden check script.
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from compactrl.envs.code_env import TaskSampler, ToolEnv
-from compactrl.envs.task import Task
-from compactrl.envs.tools import describe_tools
+from compactrl.task import Task
+from compactrl.tools import describe_tools
 
 TERMINAL_TOOLS: tuple[str, ...] = ("shell", "view", "search", "replace", "create", "submit")
 
@@ -24,7 +24,7 @@ class TerminalEnv(ToolEnv):
     """Shell tasks over a file tree (see the module docstring).
 
     ``task_source=None`` draws generated tasks of ``difficulty`` (``easy``, ``default``, ``hard`` or a
-    :class:`~compactrl.envs.generators.terminal.TerminalTaskConfig`) from ``split`` (``train``, ``val``,
+    :class:`~compactrl.tasksets.generators.terminal.TerminalTaskConfig`) from ``split`` (``train``, ``val``,
     ``test``; disjoint). Any list of terminal tasks works too (e.g. from the Terminal-Bench loader) on
     the ``local`` and ``docker`` backends. Other keyword arguments: see
     :class:`~compactrl.envs.code_env.ToolEnv`.
@@ -41,7 +41,7 @@ class TerminalEnv(ToolEnv):
         sandbox_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        from compactrl.envs.generators.terminal import (
+        from compactrl.tasksets.generators.terminal import (
             GeneratedTerminalTasks,
             TerminalTaskGenerator,
             judge_terminal_task,

@@ -18,19 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactrl.cli_options import Applies, given, refuse_ignored, track_given
-from compactrl.envs.loaders import task_kind
 from compactrl.eval.policies import SCRIPTED, PolicySpec, make_policy
+from compactrl.tasksets import task_kind
 
 
 def _difficulties() -> tuple[str, ...]:
-    from compactrl.envs.generators.code import PRESETS as CODE
-    from compactrl.envs.generators.terminal import PRESETS as TERMINAL
+    from compactrl.tasksets.generators.code import PRESETS as CODE
+    from compactrl.tasksets.generators.terminal import PRESETS as TERMINAL
 
     return tuple(dict.fromkeys([*CODE, *TERMINAL]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from compactrl.envs.generators.code import SPLITS
+    from compactrl.tasksets.generators.code import SPLITS
 
     parser.add_argument("--env", default="CompactCode-v0", help="registered env id (default: CompactCode-v0)")
     parser.add_argument("--policy", default="oracle", metavar="{" + ",".join(SCRIPTED) + ",PATH,URL}",
@@ -98,7 +98,7 @@ class Context:
     tasks: str | None
     """``--tasks`` (validate: the source), or None for the generated env."""
     kind: str | None
-    """:func:`~compactrl.envs.loaders.task_kind` of ``tasks``."""
+    """:func:`~compactrl.tasksets.task_kind` of ``tasks``."""
     policy: str = "gold"
     policy_kind: str = "scripted"
     """:attr:`PolicySpec.kind`."""
@@ -295,9 +295,9 @@ def _task_budget(args: argparse.Namespace):
 
 
 def _load_tasks(args: argparse.Namespace):
-    from compactrl.envs.loaders import load_tasks
-    from compactrl.envs.loaders.swebench import SWEBenchConfig, load_specs
-    from compactrl.envs.loaders.terminal_bench import TerminalBenchConfig
+    from compactrl.tasksets import load_tasks
+    from compactrl.tasksets.swebench.rows import SWEBenchConfig, load_specs
+    from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig
 
     try:
         swe = None
@@ -320,7 +320,7 @@ def _load_tasks(args: argparse.Namespace):
 def _load_ids(path: str, ids: list[str], load) -> list:
     """``--instance-ids`` of Terminal-Bench tasks (folder names: only those folders are loaded, and
     prepared) or of Task records, in the order given."""
-    from compactrl.envs.loaders.terminal_bench import is_task_dir
+    from compactrl.tasksets.terminal_bench.folders import is_task_dir
 
     try:
         if os.path.isdir(path) and not is_task_dir(path):

@@ -63,10 +63,10 @@ def make_policy(spec: PolicySpec):
 
 def _scripted(spec: PolicySpec):
     if spec.name in ("gold", "noop"):
-        from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+        from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 
         return GoldPolicy() if spec.name == "gold" else NoopPolicy()
-    from compactrl.policies.scripted import OraclePolicy, RandomPolicy
+    from compactrl.policies.scripted.code import OraclePolicy, RandomPolicy
 
     if spec.name == "oracle":
         return OraclePolicy(summary_quality=spec.summary_quality, seed=spec.seed)
@@ -75,8 +75,8 @@ def _scripted(spec: PolicySpec):
 
 def _saved_model(spec: PolicySpec):
     """A model directory as ``compactrl serve --model`` loads it, sampling as ``spec`` says."""
-    from compactrl.policies.serve import load_policy
     from compactrl.policies.transformers_policy import TransformersPolicy
+    from compactrl.serving.server import load_policy
 
     args = argparse.Namespace(model=spec.name, tiny=None, tokenizer=spec.tokenizer, dtype="float32", seed=spec.seed)
     loaded, _ = load_policy(args)

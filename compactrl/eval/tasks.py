@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from compactrl.collectors.trace_collector import EpisodeStats, TraceCollector, summarize_episodes
-from compactrl.envs.task import Task
 from compactrl.eval.episodes import with_budget
 from compactrl.eval.records import with_encoded_output
+from compactrl.task import Task
 from compactrl.wrappers import ContextBudgetConfig
 
 TASK_SET_TOOLS = ("view", "search", "replace", "create", "shell", "submit")

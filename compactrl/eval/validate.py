@@ -1,6 +1,6 @@
 """``compactrl tasks validate``: is a task set graded right? ``gold`` must succeed and ``noop`` fail on every task.
 
-Generic over whatever :func:`compactrl.envs.loaders.load_tasks` loads (SWE-bench rows, Terminal-Bench
+Generic over whatever :func:`compactrl.tasksets.load_tasks` loads (SWE-bench rows, Terminal-Bench
 folders, Task records): per task it runs the ``gold`` policy (the task's reference solution) and the
 ``noop`` policy (submits at once) through the evaluation machinery of ``compactrl eval``
 (:func:`~compactrl.eval.tasks.run_task`) on the chosen backend, and keeps both verdicts with their
@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from compactrl.cli_options import Applies, refuse_ignored, track_given
-from compactrl.envs.task import Task
 from compactrl.eval.records import KEYS as RECORD_KEYS
+from compactrl.task import Task
 
 VERDICT_KEYS = ("test_exit_code", "test_timed_out", "test_limit_hit", "test_log_tail")
 
@@ -101,7 +101,7 @@ def validate_tasks(tasks: Sequence[Task], backend: str, *, sandbox_kwargs: dict[
     ``noop_resolved``, ``ok``, ``seconds``, ``reason`` (:func:`first_reason`). ``on_result`` gets
     each record as soon as it is done (the CLI prints its line)."""
     from compactrl.eval.tasks import run_task
-    from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+    from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 
     out = []
     for task in tasks:
@@ -183,8 +183,8 @@ def validate_options() -> dict:
 
 
 def validate_context(args: argparse.Namespace):
-    from compactrl.envs.loaders import task_kind
     from compactrl.eval.cli import Context
+    from compactrl.tasksets import task_kind
 
     return Context(tasks=args.source, kind=task_kind(args.source), backend=args.backend, images=args.swebench_images)
 
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     args.tasks = args.source
     tasks = _load_tasks(args)
     if getattr(args, "install_system_packages", False):
-        from compactrl.envs.loaders.tb_local_build import install_for_tasks
+        from compactrl.tasksets.terminal_bench.local_build import install_for_tasks
 
         if install_for_tasks(tasks):
             tasks = _load_tasks(args)

@@ -38,13 +38,13 @@ from tensordict import TensorDict
 
 from compactrl.collectors.trace_collector import EpisodeStats, summarize_episodes
 from compactrl.envs.code_env import with_backend_state
-from compactrl.envs.sandbox import make_sandbox
 from compactrl.gateway.app import Gateway, GatewayConfig
 from compactrl.gateway.engines import policy_engine
 from compactrl.gateway.mini_swe import EpisodeResult, run_episode
 from compactrl.gateway.recording import Session, load_session
 from compactrl.gateway.traces import build_tree, sessions_to_batch
-from compactrl.policies.serve import ServeConfig
+from compactrl.sandbox import make_sandbox
+from compactrl.serving.server import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def session_batch(sessions: Sequence[Session], *, pad_id: int = 0, group_ids: Se
     """Finished sessions as one trace batch (white-box keys plus the tree keys, see ``sessions_to_batch``).
 
     ``episode_ids`` renames the batch's episodes (default: their positions in ``sessions``).
-    Advantages come from the update step (:meth:`compactrl.algos.update.Updater.advantages`).
+    Advantages come from the update step (:meth:`compactrl.training.update.Updater.advantages`).
     """
     unfinished = [s.name for s in sessions if not s.finished]
     if unfinished:

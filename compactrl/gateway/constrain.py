@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from compactrl.policies.serve import RequestError
 from compactrl.policies.transformers_policy import (
     Generated,
     SamplingConfig,
@@ -38,6 +37,7 @@ from compactrl.policies.transformers_policy import (
     positions_from_mask,
     sampling_log_probs,
 )
+from compactrl.serving.server import RequestError
 
 CALL_HEAD = '<tool_call>\n{"name": '
 CALL_ARGS = ', "arguments": '

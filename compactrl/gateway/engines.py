@@ -1,6 +1,6 @@
 """What generates behind the gateway: an in-process policy or an upstream completions server.
 
-Both take :class:`~compactrl.policies.serve.Job` lists and return one future of
+Both take :class:`~compactrl.serving.server.Job` lists and return one future of
 :class:`~compactrl.policies.transformers_policy.Generated` per job, so the routes do not know which
 one they talk to.
 """
@@ -17,8 +17,8 @@ import torch
 
 from compactrl.gateway.constrain import TokenMasks, ToolCallGrammar, ToolChoice, constrained_generate
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
-from compactrl.policies.serve import CompletionEngine, Job, PolicyEngine, RequestError
 from compactrl.policies.transformers_policy import Generated, TransformersPolicy
+from compactrl.serving.server import CompletionEngine, Job, PolicyEngine, RequestError
 
 
 class Engine(Protocol):

@@ -25,9 +25,9 @@ from typing import Any
 
 import requests
 
-from compactrl.envs.sandbox import Sandbox
-from compactrl.envs.task import Task
 from compactrl.gateway.chat import ChatRequest, prompt_ids
+from compactrl.sandbox import Sandbox
+from compactrl.task import Task
 from compactrl.wrappers.chat_format import ChatFormat
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "OraclePolicy": "compactrl.policies.scripted",
-    "RandomPolicy": "compactrl.policies.scripted",
+    "OraclePolicy": "compactrl.policies.scripted.code",
+    "RandomPolicy": "compactrl.policies.scripted.code",
     "tiny_moe": "compactrl.policies.tiny_moe",
     "TransformersPolicy": "compactrl.policies.transformers_policy",
     "ValueModel": "compactrl.policies.critic",
-    "VLLMPolicy": "compactrl.policies.vllm_policy",
+    "VLLMPolicy": "compactrl.serving.vllm.policy",
     "OpenAICompletionsPolicy": "compactrl.policies.openai_client",
 }
 

@@ -7,7 +7,7 @@ too: they are computed by the env from the same file API, so they must match byt
 (``test``/``shell`` observations are not compared: real pytest may list tests the sim does not
 judge, and the sim's shell is an emulator whose own agreement is measured elsewhere.)
 
-Action sources: :class:`~compactrl.policies.scripted.OraclePolicy` (reacts to what it sees),
+Action sources: :class:`~compactrl.policies.scripted.code.OraclePolicy` (reacts to what it sees),
 fixed "no-op" sequences (tools that change nothing, then submit) and random edits inside the
 tool language (:func:`random_edit_actions`). ``tests/sandbox/test_sandbox_fidelity.py`` runs
 them property-based; ``benchmarks/sandbox_agreement.py`` prints the agreement rates.
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from compactrl.envs.task import Task
-from compactrl.envs.tools import ToolCall, format_call
+from compactrl.task import Task
+from compactrl.tools import ToolCall, format_call
 
 FILE_TOOLS = ("view", "search", "replace", "create")
 
@@ -90,7 +90,7 @@ Actor = Callable[[list[dict[str, str]], Task], str]
 
 
 def oracle_actor(**kwargs: Any) -> Actor:
-    from compactrl.policies.scripted import OraclePolicy
+    from compactrl.policies.scripted.code import OraclePolicy
     from compactrl.types import PolicyRequest
 
     policy = OraclePolicy(**kwargs)
@@ -107,7 +107,7 @@ def play(backend: str, task: Task, actor: Actor, *, max_turns: int = 60,
          sandbox_kwargs: dict[str, Any] | None = None) -> Outcome:
     """One episode of ``task`` on ``backend``; the env and its sandbox are closed afterwards."""
     from compactrl.envs.code_env import CodeRepoEnv
-    from compactrl.envs.tools import parse_action
+    from compactrl.tools import parse_action
 
     env = CodeRepoEnv(task, backend=backend, max_turns=max_turns, time_limit_s=3600.0,
                       sandbox_kwargs=sandbox_kwargs)

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from compactrl.envs.shell_sim import ShellEmulator
+from compactrl.shell_sim import ShellEmulator
 
 WORDS = ["alpha", "beta", "gamma", "delta", "ERROR", "WARN", "INFO", "error", "disk", "cpu", "user",
          "x", "y", "foo", "bar", "baz", "42", "7", "100", "3.5", "-2", "0", "key", "value", "Alpha", "é"]

@@ -169,12 +169,12 @@ def test_calibration_table_and_plot(tmp_path):
 def test_on_a_collected_batch_with_a_real_critic(tmp_path):
     """End to end: a tiny random model's episodes (budget tight enough to force summaries), a critic
     from the policy, GAE across traces; every metric is a number in its range or NaN with a reason."""
-    from compactrl.algos.config import override, preset
     from compactrl.algos.gae import trace_gae
-    from compactrl.algos.trainer import build_policy, make_env_fns
     from compactrl.collectors.trace_collector import TraceCollector
     from compactrl.policies.critic import ValueModel
     from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override, preset
+    from compactrl.training.trainer import build_policy, make_env_fns
 
     cfg = override(preset("smoke"), {"env.context_budget.budget": 520, "env.max_turns": 8})
     policy, _ = build_policy(cfg, load_tokenizer())

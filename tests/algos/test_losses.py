@@ -311,8 +311,8 @@ def test_build_losses_from_the_trainer_config(algo):
     """The trainer's config reaches the loss as it is (no renaming), and its estimator writes advantages."""
     import dataclasses
 
-    from compactrl.algos.config import RLConfig
     from compactrl.algos.losses import advantage_estimator, build_losses
+    from compactrl.training.config import RLConfig
 
     rl = RLConfig(algo=algo)
     rl = dataclasses.replace(rl, **{algo: dataclasses.replace(rl.loss, kl_coef=0.05, train_summaries=False)})
@@ -332,8 +332,8 @@ def test_grpo_options_of_the_config_reach_the_advantage(scale_by_std):
     """``rl.grpo.scale_by_std`` and ``rl.grpo.eps`` decide the advantage the trainer trains on."""
     import dataclasses
 
-    from compactrl.algos.config import GRPOConfig, RLConfig
     from compactrl.algos.losses import advantage_estimator
+    from compactrl.training.config import GRPOConfig, RLConfig
 
     rl = RLConfig(algo="grpo", whiten_advantages=False, grpo=GRPOConfig(scale_by_std=scale_by_std, eps=0.5))
     batch = _rollout_batch(3, TinyActor(), None, off_engine=False)

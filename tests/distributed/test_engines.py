@@ -14,11 +14,11 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from compactrl.algos import trainer as T
-from compactrl.algos.config import override, preset
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector
-from compactrl.policies.scripted import OraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy
+from compactrl.training import trainer as T
+from compactrl.training.config import override, preset
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -217,7 +217,7 @@ def test_waiting_for_an_engine_is_bounded(ray_cluster):
 
 
 def test_engines_without_rollout_workers_are_a_config_error():
-    from compactrl.algos.config import DistributedConfig
+    from compactrl.training.config import DistributedConfig
 
     with pytest.raises(ValueError, match="distributed.num_engines"):
         DistributedConfig(num_engines=1)

@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 COLLECT = """
 import sys
-from compactrl.algos import trainer as T
-from compactrl.algos.config import preset
+from compactrl.training import trainer as T
+from compactrl.training.config import preset
 from compactrl.distributed import RayCollector, local_ray
-from compactrl.policies.scripted import OraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy
 
 with local_ray(num_cpus=1, object_store_bytes=128 * 1024**2) as temp_dir:
     print(temp_dir, flush=True)
@@ -158,7 +158,7 @@ def test_train_with_workers_alone_starts_a_local_ray_and_says_so():
 
 
 def test_the_default_worker_count_leaves_the_engines_their_cpus():
-    from compactrl.algos.train_cli import choose_workers
+    from compactrl.training.cli import choose_workers
 
     assert [choose_workers(2, 0), choose_workers(2.0, 1), choose_workers(16, 4)] == [2, 1, 12]
     with pytest.raises(ValueError, match=r"distributed.num_rollout_workers: Ray sees 1 CPU\(s\) and "
@@ -169,7 +169,7 @@ def test_the_default_worker_count_leaves_the_engines_their_cpus():
 def test_train_ray_flags_that_cannot_work_are_refused_before_anything_starts(tmp_path, capsys):
     import argparse
 
-    from compactrl.algos import train_cli
+    from compactrl.training import cli as train_cli
 
     def run(*argv):
         parser = argparse.ArgumentParser()
@@ -186,7 +186,7 @@ def test_train_ray_flags_that_cannot_work_are_refused_before_anything_starts(tmp
 def test_config_from_args_with_ray_validates_engines_before_the_worker_count_is_chosen():
     import argparse
 
-    from compactrl.algos import train_cli
+    from compactrl.training import cli as train_cli
 
     parser = argparse.ArgumentParser()
     train_cli.add_arguments(parser)

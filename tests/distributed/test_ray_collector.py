@@ -11,11 +11,11 @@ import pytest
 import ray.cloudpickle
 import torch
 
-from compactrl.algos import trainer as T
-from compactrl.algos.config import override, preset
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector
-from compactrl.policies.scripted import OraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy
+from compactrl.training import trainer as T
+from compactrl.training.config import override, preset
 
 pytestmark = pytest.mark.timeout(240)
 

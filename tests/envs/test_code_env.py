@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 import compactrl  # noqa: F401  (registers the ids)
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.envs.sandbox import SandboxError
-from compactrl.envs.tools import ToolCall, format_call
 from compactrl.registration import make_code_env
+from compactrl.sandbox import SandboxError
+from compactrl.tools import ToolCall, format_call
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.generators.code import (
+from compactrl.task import Task
+from compactrl.tasksets.generators.code import (
     PRESETS,
     SPLITS,
     CodeTaskConfig,
@@ -17,7 +18,6 @@ from compactrl.envs.generators.code import (
     split_of_seed,
     task_seed_for,
 )
-from compactrl.envs.task import Task
 
 pytestmark = pytest.mark.timeout(120)
 GENERATORS = {name: CodeTaskGenerator(name) for name in PRESETS}

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.policies.scripted import (
+from compactrl.policies.scripted.code import (
     OraclePolicy,
     RandomPolicy,
     SummaryState,

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.generators.code import CodeTaskGenerator
-from compactrl.envs.sandbox import SandboxError, SimSandbox, make_sandbox
-from compactrl.envs.task import Task
+from compactrl.sandbox import SandboxError, SimSandbox, make_sandbox
+from compactrl.task import Task
+from compactrl.tasksets.generators.code import CodeTaskGenerator
 
 pytestmark = pytest.mark.timeout(120)
 GEN = CodeTaskGenerator("default")
@@ -189,7 +189,7 @@ _rhs = st.one_of(
 def test_fast_path_agrees_with_full_analysis(seed, values, annotate):
     """Edits of the fact lines only are judged without parsing the module; the result must equal
     the full statement-level analysis (which the real-pytest comparison validates)."""
-    from compactrl.envs.sandbox import static_pytest
+    from compactrl.sandbox import static_pytest
 
     task = GEN.generate(seed)
     meta = task.metadata

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.generators.code import CodeTaskGenerator
-from compactrl.envs.sandbox import make_sandbox
-from compactrl.envs.sandbox.static_pytest import _collected, _file_info, judge_code_task
+from compactrl.sandbox import make_sandbox
+from compactrl.sandbox.static_pytest import _collected, _file_info, judge_code_task
+from compactrl.tasksets.generators.code import CodeTaskGenerator
 
 pytestmark = pytest.mark.timeout(120)
 GEN = CodeTaskGenerator("default")

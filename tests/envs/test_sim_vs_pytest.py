@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from compactrl.envs.generators.code import CodeTaskGenerator
-from compactrl.envs.sandbox.static_pytest import judge_code_task
+from compactrl.sandbox.static_pytest import judge_code_task
+from compactrl.tasksets.generators.code import CodeTaskGenerator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compactrl.envs.spaces import ChatMessages, UnicodeText
-from compactrl.envs.tools import FormatError, ToolCall, format_call, normalize_path, parse_action
+from compactrl.tools import FormatError, ToolCall, format_call, normalize_path, parse_action
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import compactrl  # noqa: F401  (registers the env ids)
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.envs.generators.code import PRESETS, CodeTaskConfig, CodeTaskGenerator
-from compactrl.envs.tools import ToolCall, format_call
+from compactrl.tasksets.generators.code import PRESETS, CodeTaskConfig, CodeTaskGenerator
+from compactrl.tools import ToolCall, format_call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,7 +136,7 @@ def test_long_noisy_flakes_lengthen_the_oracles_chains_at_the_training_budget():
     """The preset's claim: on the same task seeds at the main job's budget, the flaked submits the
     oracle must repeat give it longer chains than on ``tiny``, and the flakes alone cost episodes."""
     from compactrl.collectors.trace_collector import TraceCollector
-    from compactrl.policies.scripted import OraclePolicy
+    from compactrl.policies.scripted.code import OraclePolicy
 
     def stats(difficulty: str, max_turns: int):
         def make():

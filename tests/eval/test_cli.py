@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from compactrl.cli import main
-from compactrl.envs.generators.code import PRESETS
+from compactrl.tasksets.generators.code import PRESETS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import compactrl  # noqa: F401  (registers the ids)
 from compactrl.collectors import TraceCollector
 from compactrl.envs.code_env import CodeRepoEnv
 from compactrl.eval import evaluate, evaluate_policy, open_budget
-from compactrl.policies.scripted import OraclePolicy, RandomPolicy
+from compactrl.policies.scripted.code import OraclePolicy, RandomPolicy
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.tokenizer import load_tokenizer

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from compactrl.envs.code_env import _final_info
-from compactrl.envs.sandbox._common import report_from_run
-from compactrl.envs.sandbox.base import ExecResult
-from compactrl.envs.task import Check, Task
 from compactrl.eval import evaluate_tasks
 from compactrl.eval.records import INLINE_BYTES, encode_output, record_output, with_encoded_output
 from compactrl.eval.validate import verdict
-from compactrl.policies.scripted_gold import NoopPolicy
+from compactrl.policies.scripted.gold import NoopPolicy
+from compactrl.sandbox._common import report_from_run
+from compactrl.sandbox.base import ExecResult
+from compactrl.task import Check, Task
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,8 +56,8 @@ def test_the_agent_sees_the_run_clipped_and_the_record_keeps_it_whole() -> None:
 
 
 def _local_unavailable() -> str | None:
-    from compactrl.envs.sandbox.base import SandboxError
-    from compactrl.envs.sandbox.local import choose_isolation
+    from compactrl.sandbox.base import SandboxError
+    from compactrl.sandbox.local import choose_isolation
 
     try:
         choose_isolation("auto")
@@ -93,9 +93,9 @@ def test_a_stored_record_of_a_large_real_row_is_graded_again_by_the_swebench_pac
     local sandbox, prepared as docs/task_formats.md says): the package's own parser finds every required
     test in the record. The agent's clipped view of the same run (what records held before) it cannot grade."""
     pytest.importorskip("swebench", reason="the oracle is the swebench package (compactrl[test])")
-    from compactrl.envs.loaders.swebench import read_rows
-    from compactrl.envs.loaders.swebench_parity import oracle, ours, split_graded_output
-    from compactrl.envs.sandbox._shell import CappedOutput
+    from compactrl.sandbox._shell import CappedOutput
+    from compactrl.tasksets.swebench.parity import oracle, ours, split_graded_output
+    from compactrl.tasksets.swebench.rows import read_rows
 
     with open(LARGE_RECORD, encoding="utf-8") as fh:
         record = json.loads(fh.readline())

@@ -10,11 +10,11 @@ import pytest
 
 from compactrl.cli import main
 from compactrl.envs.code_env import CodeRepoEnv
-from compactrl.envs.loaders import load_tasks
-from compactrl.envs.loaders.swebench import SWEBenchConfig
 from compactrl.envs.terminal_env import TerminalEnv
 from compactrl.eval import evaluate_tasks, run_task
-from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
+from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.tasksets import load_tasks
+from compactrl.tasksets.swebench.rows import SWEBenchConfig
 from compactrl.wrappers import ContextBudgetConfig
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,8 +34,8 @@ def _generated_tasks():
 
 
 def _local_unavailable() -> str | None:
-    from compactrl.envs.sandbox.base import SandboxError
-    from compactrl.envs.sandbox.local import choose_isolation
+    from compactrl.sandbox.base import SandboxError
+    from compactrl.sandbox.local import choose_isolation
 
     try:
         choose_isolation("auto")

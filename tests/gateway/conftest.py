@@ -3,9 +3,9 @@
 import pytest
 
 from compactrl.gateway import Gateway, GatewayConfig, LocalEngine
-from compactrl.policies.serve import ServeConfig
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.server import ServeConfig
 from compactrl.tokenizer import load_tokenizer
 
 

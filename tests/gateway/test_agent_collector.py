@@ -7,12 +7,12 @@ import pytest
 import torch
 from gymnasium.utils import seeding
 
-from compactrl.algos.config import EnvConfig
-from compactrl.algos.trainer import make_env_fns
-from compactrl.envs.sandbox import SandboxError, make_sandbox
 from compactrl.gateway.collector import AgentCollector, AgentEpisodeConfig
 from compactrl.gateway.mini_swe import offline_environment
 from compactrl.gateway.recording import load_session
+from compactrl.sandbox import SandboxError, make_sandbox
+from compactrl.training.config import EnvConfig
+from compactrl.training.trainer import make_env_fns
 from compactrl.wrappers import ContextBudgetConfig
 
 offline_environment()

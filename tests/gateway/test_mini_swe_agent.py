@@ -8,11 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from compactrl.envs.generators.code import CodeTaskGenerator
-from compactrl.envs.sandbox import SandboxError, make_sandbox
 from compactrl.gateway.mini_swe import offline_environment, run_episode
 from compactrl.gateway.recording import load_session
 from compactrl.gateway.traces import build_tree, sessions_to_batch
+from compactrl.sandbox import SandboxError, make_sandbox
+from compactrl.tasksets.generators.code import CodeTaskGenerator
 
 offline_environment()  # before mini-swe-agent's first import: it reads its config dir then
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install -e '.[test]')")

@@ -9,14 +9,14 @@ import pytest
 import torch
 from gymnasium.utils import seeding
 
-from compactrl.algos import train_cli
-from compactrl.algos.config import TrainConfig, override, preset
-from compactrl.algos.run_dir import RunDir
-from compactrl.algos.trainer import build_policy, make_env_fns
-from compactrl.envs.sandbox import SandboxError, make_sandbox
 from compactrl.gateway.mini_swe import offline_environment
 from compactrl.gateway.recording import load_session
+from compactrl.sandbox import SandboxError, make_sandbox
 from compactrl.tokenizer import shared_tokenizer
+from compactrl.training import cli as train_cli
+from compactrl.training.config import TrainConfig, override, preset
+from compactrl.training.run_dir import RunDir
+from compactrl.training.trainer import build_policy, make_env_fns
 
 offline_environment()
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install -e '.[test]')")

@@ -9,12 +9,12 @@ import openai
 import pytest
 import torch
 
-from compactrl.algos.config import RLConfig
 from compactrl.algos.tree_gae import tree_gae
-from compactrl.algos.update import Updater
 from compactrl.gateway.collector import session_batch
 from compactrl.gateway.recording import load_session
 from compactrl.policies.critic import ValueModel
+from compactrl.training.config import RLConfig
+from compactrl.training.update import Updater
 
 RL = RLConfig(lmbda=1.0, value_lmbda=1.0, epochs=1, minibatches=1, critic_updates=1, lr=1e-3, critic_lr=1e-3,
               truncation="terminal")

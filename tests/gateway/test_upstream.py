@@ -10,7 +10,7 @@ from gateway_helpers import rescore_error
 
 from compactrl.gateway import Gateway, GatewayConfig, UpstreamEngine
 from compactrl.gateway.recording import load_session
-from compactrl.policies.serve import ServeConfig, make_server
+from compactrl.serving.server import ServeConfig, make_server
 
 
 @pytest.mark.timeout(180)

@@ -23,7 +23,7 @@ import torch
 
 
 def _missing() -> str | None:
-    from compactrl.policies.vllm_policy import engine_env_missing
+    from compactrl.serving.vllm.policy import engine_env_missing
 
     if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
         return "no CUDA GPU (nvidia-smi lists none)"
@@ -87,7 +87,7 @@ def trainer_model(tokenizer):
 
 @pytest.fixture(scope="module")
 def engine(trainer_model, tokenizer, tmp_path_factory):
-    from compactrl.policies.vllm_policy import VLLMPolicy
+    from compactrl.serving.vllm.policy import VLLMPolicy
 
     served = copy.deepcopy(trainer_model).to(torch.float16)
     policy = VLLMPolicy.from_model(

@@ -11,8 +11,8 @@ from policy_helpers import cached_tiny, right_padded
 
 import compactrl  # noqa: F401  (registers the env ids)
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
-from compactrl.policies.serve import ServeConfig, make_server
 from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.server import ServeConfig, make_server
 from compactrl.types import PolicyRequest, TokenResponse
 from compactrl.wrappers.context_budget import ContextBudget
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from policy_helpers import cached_tiny
 
-from compactrl.policies import vllm_engine as wire
 from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
-from compactrl.policies.vllm_policy import (
+from compactrl.serving.vllm import engine as wire
+from compactrl.serving.vllm.policy import (
     VLLMEngineConfig,
     learner_log_probs,
     max_abs_diff,
@@ -102,7 +102,7 @@ def test_probe_is_fixed_and_learner_log_probs_match_log_prob(tokenizer):
 
 def test_missing_engine_environment_says_how_to_build_it(tmp_path, tokenizer):
     from compactrl.distributed.engines import vllm_engine
-    from compactrl.policies.vllm_policy import VLLMPolicy
+    from compactrl.serving.vllm.policy import VLLMPolicy
 
     missing = str(tmp_path / "no-venv" / "bin" / "python")
     with pytest.raises(FileNotFoundError, match=r"scripts/setup.sh --vllm"):
@@ -114,8 +114,8 @@ def test_missing_engine_environment_says_how_to_build_it(tmp_path, tokenizer):
 def test_the_train_config_reaches_the_engine(tokenizer):
     """``rollout.engine_dtype`` and ``rollout.engine_sync_tolerance`` reach the run's engine; the engine
     samples like the trained policy (the smoke run on a real engine: tests/vllm/test_train.py)."""
-    from compactrl.algos import trainer as T
-    from compactrl.algos.config import override, preset
+    from compactrl.training import trainer as T
+    from compactrl.training.config import override, preset
 
     cfg = override(preset("smoke"), {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16",
                                      "rollout.engine_sync_tolerance": 0.05, "model.temperature": 0.7, "seed": 4})

@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from compactrl.envs.sandbox.base import SandboxError
-from compactrl.envs.task import Check, Task
+from compactrl.sandbox.base import SandboxError
+from compactrl.task import Check, Task
 
 # Small limits: the tests must hit them quickly.
 LOCAL_OPTIONS = dict(timeout_s=20.0, max_processes=64, output_limit_bytes=20_000)
@@ -33,7 +33,7 @@ def _probe_docker() -> str | None:
         import docker
     except ImportError:
         return "the Docker SDK is not installed (pip install 'compactrl[docker]')"
-    from compactrl.envs.sandbox.docker import DEFAULT_IMAGE
+    from compactrl.sandbox.docker import DEFAULT_IMAGE
 
     where = os.environ.get("DOCKER_HOST", "the default socket")
     try:
@@ -52,7 +52,7 @@ def _probe_docker() -> str | None:
 
 
 def local_unavailable() -> str | None:
-    from compactrl.envs.sandbox.local import choose_isolation
+    from compactrl.sandbox.local import choose_isolation
 
     try:
         choose_isolation("auto")
@@ -75,17 +75,17 @@ def make_backend(name: str, **options):
         why = local_unavailable()
         if why:
             pytest.skip(why)
-        from compactrl.envs.sandbox.local import LocalSandbox
+        from compactrl.sandbox.local import LocalSandbox
 
         return LocalSandbox(**{**LOCAL_OPTIONS, **options})
     if name == "docker":
         why = docker_unavailable()
         if why:
             pytest.skip(why)
-        from compactrl.envs.sandbox.docker import DockerSandbox
+        from compactrl.sandbox.docker import DockerSandbox
 
         return DockerSandbox(**{**DOCKER_OPTIONS, **options})
-    from compactrl.envs.sandbox.sim import SimSandbox
+    from compactrl.sandbox.sim import SimSandbox
 
     return SimSandbox(**options)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sandbox_helpers import local_unavailable, small_task
 
-from compactrl.envs.sandbox.local import LocalSandbox
+from compactrl.sandbox.local import LocalSandbox
 
 # the write fails with ENOSPC, silently; the file stays a moment (a test's assertion, then its cleanup)
 FILL = "head -c 64M /dev/zero > /tmp/big 2>/dev/null; rc=$?; sleep 0.3; rm -f /tmp/big; exit $(( rc != 0 ))"

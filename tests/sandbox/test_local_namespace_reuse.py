@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from sandbox_helpers import local_unavailable, small_task
 
-from compactrl.envs.sandbox.local import LocalSandbox
+from compactrl.sandbox.local import LocalSandbox
 
 
 def _unshare_ok() -> bool:

@@ -21,7 +21,7 @@ _HOLDER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from sandbox_helpers import small_task
-from compactrl.envs.sandbox.local import LocalSandbox
+from compactrl.sandbox.local import LocalSandbox
 
 sb = LocalSandbox(isolation=sys.argv[1], timeout_s=600)
 sb.start(small_task())
@@ -32,7 +32,7 @@ sb.exec("sleep 600 & sleep 601", timeout_s=600)  # busy until killed
 
 
 def _isolations() -> list[str]:
-    from compactrl.envs.sandbox.local import _probe
+    from compactrl.sandbox.local import _probe
 
     return [kind for kind in ("bwrap", "unshare") if _probe(kind, 65534) is None]
 
@@ -66,7 +66,7 @@ def _commands(pids: list[int]) -> list[str]:
 
 @pytest.mark.parametrize("isolation", _isolations())
 def test_a_sigkilled_holder_leaves_no_sandbox_process(isolation, tmp_path):
-    from compactrl.envs.sandbox.local import _ns_processes, _rmtree
+    from compactrl.sandbox.local import _ns_processes, _rmtree
 
     here = os.path.dirname(os.path.abspath(__file__))
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, isolation, here], stdout=subprocess.PIPE,

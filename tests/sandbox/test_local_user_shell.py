@@ -10,7 +10,7 @@ import shutil
 import pytest
 from sandbox_helpers import local_unavailable, small_task
 
-from compactrl.envs.sandbox.local import LocalSandbox
+from compactrl.sandbox.local import LocalSandbox
 
 
 @pytest.mark.skipif(bool(local_unavailable()), reason=str(local_unavailable()))
@@ -24,8 +24,8 @@ def test_shell_names_bash() -> None:
 
 
 def _isolation_ok(kind: str) -> bool:
-    from compactrl.envs.sandbox.base import SandboxError
-    from compactrl.envs.sandbox.local import choose_isolation
+    from compactrl.sandbox.base import SandboxError
+    from compactrl.sandbox.local import choose_isolation
 
     try:
         return choose_isolation(kind) == kind

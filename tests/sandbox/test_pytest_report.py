@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compactrl.envs.sandbox.pytest_report import check_success, parse_pytest_rA, split_outcomes
-from compactrl.envs.task import Check
+from compactrl.sandbox.pytest_report import check_success, parse_pytest_rA, split_outcomes
+from compactrl.task import Check
 
 REAL_OUTPUT = """\
 .F.                                                                      [100%]

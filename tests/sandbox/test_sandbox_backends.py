@@ -12,9 +12,9 @@ import sys
 import pytest
 from sandbox_helpers import REAL_BACKENDS, make_backend, small_task
 
-from compactrl.envs.sandbox import local as local_mod
-from compactrl.envs.sandbox.base import SandboxError
-from compactrl.envs.task import Check, Task
+from compactrl.sandbox import local as local_mod
+from compactrl.sandbox.base import SandboxError
+from compactrl.task import Check, Task
 
 
 @pytest.mark.timeout(120)
@@ -24,7 +24,7 @@ def test_auto_falls_back_to_unshare_and_says_so(monkeypatch, caplog):
     real_which = local_mod.shutil.which
     monkeypatch.setattr(local_mod.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
     monkeypatch.setattr(local_mod, "_probe_cache", {})
-    with caplog.at_level(logging.WARNING, logger="compactrl.envs.sandbox.local"):
+    with caplog.at_level(logging.WARNING, logger="compactrl.sandbox.local"):
         assert local_mod.choose_isolation("auto") == "unshare"
     assert "isolating with unshare" in caplog.text and "bwrap is not installed" in caplog.text
     monkeypatch.setattr(local_mod.shutil, "which", lambda name: None)
@@ -110,7 +110,7 @@ def test_docker_repo_in_the_image():
 def test_containers_of_dead_processes_are_removed():
     import docker
 
-    from compactrl.envs.sandbox.docker import DEFAULT_IMAGE, LABEL, reap_stale_containers
+    from compactrl.sandbox.docker import DEFAULT_IMAGE, LABEL, reap_stale_containers
 
     make_backend("docker")  # skips when no engine
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -135,7 +135,7 @@ def test_containers_of_dead_processes_are_removed():
 @pytest.mark.timeout(60)
 def test_unreachable_engine_is_a_sandbox_error():
     make_backend("docker")  # skips when the SDK is missing
-    from compactrl.envs.sandbox.docker import DockerSandbox
+    from compactrl.sandbox.docker import DockerSandbox
 
     sb = DockerSandbox(base_url="unix:///nonexistent/compactrl.sock")
     with pytest.raises(SandboxError, match="no Docker-compatible engine reachable"):
@@ -145,7 +145,7 @@ def test_unreachable_engine_is_a_sandbox_error():
 
 
 def test_docker_network_must_name_a_mode():
-    from compactrl.envs.sandbox.docker import DockerSandboxConfig
+    from compactrl.sandbox.docker import DockerSandboxConfig
 
     assert DockerSandboxConfig().network == "none"
     with pytest.raises(ValueError, match="network must be a network mode"):

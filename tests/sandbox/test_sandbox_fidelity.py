@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sandbox_helpers import REAL_BACKENDS, docker_unavailable, local_unavailable
 
-from compactrl.envs.generators.code import CodeTaskGenerator, task_seed_for
+from compactrl.tasksets.generators.code import CodeTaskGenerator, task_seed_for
 from compactrl.testing import sandbox_fidelity as F
 
 _GEN = {d: CodeTaskGenerator(d) for d in ("easy", "default")}
@@ -106,7 +106,7 @@ def test_sandbox_killed_from_outside_truncates_the_episode(backend):
         assert obs.startswith("up")
         sandbox = env._sandbox
         if backend == "local":
-            from compactrl.envs.sandbox.local import _ns_processes
+            from compactrl.sandbox.local import _ns_processes
 
             for pid in _ns_processes(sandbox.pid_namespace):
                 with contextlib.suppress(ProcessLookupError):  # killing its init may have ended it already

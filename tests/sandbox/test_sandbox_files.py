@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sandbox_helpers import REAL_BACKENDS, make_backend, small_task
 
-from compactrl.envs.sandbox.sim import SimSandbox
+from compactrl.sandbox.sim import SimSandbox
 
 PATHS = [
     "calc.py", "tests/test_calc.py", "d/b.py", "d", "d/e/c.txt", "d/e", "calc.py/x", "new.md",

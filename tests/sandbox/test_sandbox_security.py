@@ -16,7 +16,7 @@ import time
 import pytest
 from sandbox_helpers import make_backend, small_task
 
-from compactrl.envs.sandbox.base import SandboxError
+from compactrl.sandbox.base import SandboxError
 
 
 def _pid_namespace(sb) -> str:
@@ -78,7 +78,7 @@ def test_fork_bomb_is_contained(backend):
     sb = make_backend(backend, max_processes=64)
     sb.start(small_task())
     try:
-        from compactrl.envs.sandbox.local import _ns_processes
+        from compactrl.sandbox.local import _ns_processes
 
         namespace = _pid_namespace(sb)
         peak = [len(_ns_processes(namespace))]
@@ -150,7 +150,7 @@ def test_binary_and_invalid_utf8_become_readable_text(sandbox):
 def _kill_from_outside(sb) -> None:
     """SIGKILL the sandbox from the host; returns once it is dead (bounded), not after a guessed pause."""
     if sb.backend == "local":
-        from compactrl.envs.sandbox.local import _ns_processes
+        from compactrl.sandbox.local import _ns_processes
 
         for pid in _ns_processes(sb.pid_namespace):
             with contextlib.suppress(ProcessLookupError):  # killing its init may have ended it already
@@ -182,7 +182,7 @@ def test_sandbox_killed_from_outside_raises_sandbox_error(backend):
 def _leftovers(sb, handle) -> list:
     """What of the sandbox identified by ``handle`` still exists (processes, dirs, containers)."""
     if sb.backend == "local":
-        from compactrl.envs.sandbox.local import _ns_processes
+        from compactrl.sandbox.local import _ns_processes
 
         namespace, session = handle
         return _ns_processes(namespace) + ([session] if os.path.exists(session) else [])

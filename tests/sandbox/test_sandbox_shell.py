@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sandbox_helpers import REAL_BACKENDS, make_backend, small_task
 
-from compactrl.envs.sandbox import _shell
-from compactrl.envs.sandbox.docker import DockerSandbox, DockerSandboxConfig
-from compactrl.envs.sandbox.local import LocalSandbox, LocalSandboxConfig
+from compactrl.sandbox import _shell
+from compactrl.sandbox.docker import DockerSandbox, DockerSandboxConfig
+from compactrl.sandbox.local import LocalSandbox, LocalSandboxConfig
 
 
 # ----------------------------------------------------------------------------------- pure pieces

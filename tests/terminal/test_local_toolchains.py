@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from compactrl.envs.sandbox.local import LocalSandbox
-from compactrl.envs.task import Check, Task
+from compactrl.sandbox.local import LocalSandbox
+from compactrl.task import Check, Task
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loaders"))
 from loader_helpers import local_unavailable  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.shell_sim import ShellEmulator, execute
+from compactrl.shell_sim import ShellEmulator, execute
 from compactrl.testing.shell_agreement import Case, check_case
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.sandbox.base import ExecResult
-from compactrl.envs.shell_sim import SUPPORTED_COMMANDS, ShellEmulator, execute
+from compactrl.sandbox.base import ExecResult
+from compactrl.shell_sim import SUPPORTED_COMMANDS, ShellEmulator, execute
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import compactrl  # noqa: F401  (registers the ids)
 from compactrl.eval import evaluate
-from compactrl.policies.scripted import OraclePolicy, RandomPolicy
-from compactrl.policies.scripted_gold import GoldPolicy, NoopPolicy
-from compactrl.policies.scripted_terminal import TerminalOraclePolicy
+from compactrl.policies.scripted.code import OraclePolicy, RandomPolicy
+from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.policies.scripted.terminal import TerminalOraclePolicy
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from compactrl.envs.generators.terminal import TerminalTaskGenerator
 from compactrl.envs.terminal_env import TerminalEnv
-from compactrl.policies.scripted_terminal import TerminalOraclePolicy
+from compactrl.policies.scripted.terminal import TerminalOraclePolicy
+from compactrl.tasksets.generators.terminal import TerminalTaskGenerator
 from compactrl.types import PolicyRequest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loaders"))
@@ -83,8 +83,8 @@ SESSION = [
 
 def test_a_shell_session_is_the_same_on_sim_and_real_backend(backend: str) -> None:
     """cwd, exported variables, the private /tmp and the work dir carry across commands alike."""
-    from compactrl.envs.sandbox import make_sandbox
-    from compactrl.envs.task import Task
+    from compactrl.sandbox import make_sandbox
+    from compactrl.task import Task
 
     task = Task(id="session", kind="terminal", instruction="x",
                 files={"logs/app.log": "INFO a\nERROR b\nERROR c\n", "logs/db.log": "ERROR d\n"})

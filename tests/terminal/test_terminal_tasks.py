@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.envs.generators.code import task_seed_for
-from compactrl.envs.generators.terminal import (
+from compactrl.shell_sim import ShellEmulator
+from compactrl.tasksets.generators.code import task_seed_for
+from compactrl.tasksets.generators.terminal import (
     CHECK_SCRIPT,
     FAMILIES,
     PRESETS,
@@ -25,7 +26,6 @@ from compactrl.envs.generators.terminal import (
     judge_terminal_task,
     render_solution,
 )
-from compactrl.envs.shell_sim import ShellEmulator
 
 pytestmark = pytest.mark.timeout(120)
 

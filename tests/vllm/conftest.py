@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from compactrl.policies.vllm_policy import engine_env_missing
+from compactrl.serving.vllm.policy import engine_env_missing
 
 MISSING = engine_env_missing()
 
@@ -33,7 +33,7 @@ class Served:
 
     def __init__(self, arch: str, tokenizer, directory, **engine) -> None:
         from compactrl.policies.tiny_moe import tiny_moe
-        from compactrl.policies.vllm_policy import VLLMPolicy
+        from compactrl.serving.vllm.policy import VLLMPolicy
 
         kwargs = {"head_dim": 64} if arch in ("glm4_moe", "qwen3_moe", "mixtral") else {}
         self.arch = arch

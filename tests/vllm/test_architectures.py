@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compactrl.policies.vllm_policy import EngineError, VLLMPolicy, learner_log_probs, max_abs_diff
 from compactrl.provenance import has_avx512_or_amx
+from compactrl.serving.vllm.policy import EngineError, VLLMPolicy, learner_log_probs, max_abs_diff
 
 pytestmark = pytest.mark.timeout(900)
 MLA_TOL = 1e-4

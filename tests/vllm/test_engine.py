@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compactrl.policies.vllm_policy import SyncCheckError, learner_log_probs, max_abs_diff
+from compactrl.serving.vllm.policy import SyncCheckError, learner_log_probs, max_abs_diff
 from compactrl.types import PolicyRequest
 
 ARCHS = ("glm4_moe", "qwen3_moe", "mixtral")
@@ -109,7 +109,7 @@ def test_the_completions_server_over_the_engine(engines, tokenizer):
     """``compactrl serve --engine vllm``'s server (and the gateway's engine): token ids over HTTP, the
     engine's ids and log-probs back, equal to the learner's within 1e-5."""
     from compactrl.policies.openai_client import OpenAICompletionsPolicy
-    from compactrl.policies.serve import EngineServer, PolicyEngine, ServeConfig
+    from compactrl.serving.server import EngineServer, PolicyEngine, ServeConfig
 
     s = engines("qwen3_moe")
     s.policy.sync_weights(s.model)

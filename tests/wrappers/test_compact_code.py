@@ -10,7 +10,7 @@ from budget_checks import TOK, check_episode, run, str_action
 import compactrl  # noqa: F401  (registers the env ids)
 from compactrl.envs.code_env import CodeRepoEnv
 from compactrl.eval import evaluate
-from compactrl.policies.scripted import OraclePolicy, RandomPolicy
+from compactrl.policies.scripted.code import OraclePolicy, RandomPolicy
 from compactrl.tokenizer import IM_END_ID
 from compactrl.types import PolicyRequest, TokenResponse
 from compactrl.wrappers import ContextBudget, ContextBudgetConfig

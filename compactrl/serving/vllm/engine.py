@@ -1,0 +1,279 @@
+"""The vLLM engine process: an in-process ``vllm.LLM`` behind a small request loop on a socket.
+
+This file runs in the engine's own environment (``bash scripts/setup.sh --vllm`` builds
+``.venv-vllm``: vLLM pins its own torch and a transformers older than compactrl's), started as a
+script by :class:`compactrl.serving.vllm.policy.VLLMEngine`::
+
+    .venv-vllm/bin/python compactrl/serving/vllm/engine.py --fd N
+
+It imports the standard library, torch and vllm only (never the compactrl package, whose
+dependencies are not installed there), and the learner side imports it for the wire format alone
+(vllm is imported inside :func:`serve`).
+
+Wire format, both ways: an 8-byte big-endian length, then a pickle of plain Python values (str,
+int, float, bool, bytes, lists, dicts). Tensors travel as ``{"dtype", "shape", "data"}`` (raw bytes),
+so the two sides' torch versions never meet in a pickle. Every request is a dict with an ``op``;
+every answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": "<type>: <message>", "traceback"}``.
+
+Ops:
+
+* ``generate``: token-id prompts (``TokensPrompt``) and one ``SamplingParams`` dict each; answers the
+  sampled ids, the log-probs of the sampled tokens, and the weight version that sampled them;
+* ``score``: token sequences; answers ``log p(seq[t] | seq[:t])`` for ``t >= 1`` from vLLM's prompt
+  log-probs (``SamplingParams(prompt_logprobs=0, max_tokens=1)``);
+* ``stage``: one bucket of ``(checkpoint name, tensor)`` pairs of the next weight version;
+* ``commit``: load the staged weights (see :func:`reload_weights`), take ``version``, reset the
+  prefix cache (no KV computed with old weights is reused);
+* ``info``, ``shutdown``; ``perturb`` (tests only: corrupt one weight in place, to show that the
+  post-sync check catches a bad engine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import socket
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+HEADER = struct.Struct("!Q")
+MAX_MESSAGE = 1 << 34
+"""Largest message accepted (16 GiB): a length beyond it means a corrupt stream."""
+
+
+# -- wire format (shared with the learner side) ---------------------------------------------------
+
+
+def send_msg(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    sock.sendall(HEADER.pack(len(data)))
+    sock.sendall(data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> Any:
+    (n,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    if n > MAX_MESSAGE:
+        raise ValueError(f"message of {n} bytes announced: the stream is corrupt")
+    return pickle.loads(_recv_exact(sock, n))
+
+
+def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
+    """A tensor as plain values (any dtype, bf16 included: its bytes are sent as they are)."""
+    t = t.detach().to("cpu").contiguous()
+    raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": raw.numpy().tobytes()}
+
+
+def decode_tensor(d: dict[str, Any]) -> torch.Tensor:
+    dtype = getattr(torch, d["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown tensor dtype {d['dtype']!r}")
+    if not d["data"]:
+        return torch.empty(d["shape"], dtype=dtype)
+    return torch.frombuffer(bytearray(d["data"]), dtype=torch.uint8).view(dtype).reshape(d["shape"])
+
+
+# -- the engine (runs in the engine's environment) ------------------------------------------------
+
+
+def moe_experts(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Any]]:
+    """``(layer, experts kernel)`` for every MoE layer of a loaded vLLM model whose kernel is built."""
+    found = []
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None:
+            found.append((module, experts))
+    return found
+
+
+def reload_weights(worker: Any, named: Iterable[tuple[str, torch.Tensor]], *, repack_experts: bool = True,
+                   ) -> dict[str, float]:
+    """Load new weights into a worker's model through vLLM's own reload path; exact on CPU.
+
+    ``worker.reload_weights(weights_iterator=...)`` is vLLM's supported way to replace the weights of
+    a loaded model: layer by layer it puts the parameters back into their checkpoint layout, loads
+    the tensors with each parameter's ``weight_loader`` (tensor-parallel shards, fused q/k/v and
+    gate/up), runs the layer's post-load processing and copies the result into the kernel tensors'
+    storage. For an MoE layer that processing (the unquantized method's ``_setup_kernel``) runs the
+    experts kernel's own ``process_weights_after_loading`` only on the first load: on CUDA that step
+    is a no-op, but the CPU experts use it to prepack ``w13``/``w2`` into their grouped-GEMM layout, so
+    after a reload the CPU experts read unpacked weights as packed ones (reloading the very same
+    weights moves log-probs by ~0.1, and nothing reports it). Running the experts kernel's
+    ``process_weights_after_loading`` again for every MoE layer (``repack_experts``, CPU only)
+    repacks them from the freshly loaded weights; then the engine equals the learner to float32
+    rounding. ``repack_experts=False`` leaves that step out (the regression tests show what it breaks).
+    """
+    t0 = time.perf_counter()
+    worker.reload_weights(weights_iterator=iter(list(named)))
+    t_reload = time.perf_counter() - t0
+    repacked = 0
+    if repack_experts and _is_cpu(worker.model_runner):
+        for layer, experts in moe_experts(worker.model_runner.model):
+            experts.process_weights_after_loading(layer)
+            repacked += 1
+    return {"reload_s": t_reload, "repack_s": time.perf_counter() - t0 - t_reload, "moe_layers": float(repacked)}
+
+
+def _is_cpu(runner: Any) -> bool:
+    device = getattr(runner, "device", None)
+    return device is None or torch.device(device).type == "cpu"
+
+
+def _perturb(worker: Any, name_part: str, scale: float) -> str:
+    """Tests only: add ``scale`` to the first parameter whose name contains ``name_part``."""
+    for name, p in worker.model_runner.model.named_parameters():
+        if name_part in name:
+            with torch.no_grad():
+                p.add_(scale)
+            return name
+    raise ValueError(f"no engine parameter name contains {name_part!r}")
+
+
+class Engine:
+    """One ``vllm.LLM`` (in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and its weight version."""
+
+    def __init__(self, llm_kwargs: dict[str, Any], version: int) -> None:
+        from vllm import LLM
+
+        t0 = time.perf_counter()
+        self.llm = LLM(**llm_kwargs)
+        self.start_s = time.perf_counter() - t0
+        self.version = version
+        self.staged: list[tuple[str, torch.Tensor]] = []
+
+    def generate(self, prompts: list[list[int]], params: list[dict[str, Any]]) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                 sampling_params=[SamplingParams(**kw) for kw in params], use_tqdm=False)
+        results = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = [int(t) for t in c.token_ids]
+            if c.logprobs is None or len(c.logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {None if c.logprobs is None else len(c.logprobs)} log-prob "
+                                   f"entries for {len(ids)} tokens (SamplingParams(logprobs=0) is required)")
+            lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
+            out = {"token_ids": ids, "log_probs": lps, "finish_reason": c.finish_reason}
+            routed = getattr(c, "routed_experts", None)  # [tokens, layers, top-k] with enable_return_routed_experts
+            if routed is not None:
+                out["routed_experts"] = routed.tolist()
+            results.append(out)
+        return {"outputs": results, "version": self.version}
+
+    def score(self, sequences: list[list[int]], params: dict[str, Any]) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, logprobs=0, detokenize=False, **params)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], sampling_params=sp, use_tqdm=False)
+        scores = []
+        for seq, o in zip(sequences, outs):
+            plp = o.prompt_logprobs
+            if plp is None or len(plp) != len(seq):
+                raise RuntimeError(f"vLLM returned {None if plp is None else len(plp)} prompt log-prob entries "
+                                   f"for {len(seq)} tokens")
+            scores.append([float(plp[t][tok].logprob) for t, tok in enumerate(seq) if t > 0])
+        return {"log_probs": scores, "version": self.version}
+
+    def stage(self, tensors: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        self.staged.extend((name, decode_tensor(t)) for name, t in tensors)
+        return {"staged": len(self.staged)}
+
+    def commit(self, version: int, repack_experts: bool = True) -> dict[str, Any]:
+        staged, self.staged = self.staged, []
+        if not staged:
+            raise ValueError("commit without staged weights")
+        t0 = time.perf_counter()
+        (timing,) = self.llm.collective_rpc(reload_weights, args=(staged,),
+                                            kwargs={"repack_experts": repack_experts})
+        self.llm.reset_prefix_cache()
+        self.version = int(version)
+        return {"version": self.version, "tensors": len(staged), "load_s": time.perf_counter() - t0, **timing}
+
+    def perturb(self, name_part: str, scale: float) -> dict[str, Any]:
+        (name,) = self.llm.collective_rpc(_perturb, args=(name_part, scale))
+        self.llm.reset_prefix_cache()
+        return {"name": name}
+
+    def info(self) -> dict[str, Any]:
+        import vllm
+
+        cfg = self.llm.llm_engine.model_config
+        return {"pid": os.getpid(), "version": self.version, "vllm": vllm.__version__, "torch": torch.__version__,
+                "max_model_len": int(cfg.max_model_len), "dtype": str(cfg.dtype).removeprefix("torch."),
+                "start_s": self.start_s}
+
+
+def serve(sock: socket.socket) -> int:
+    """Answer requests until ``shutdown`` or until the learner closes its end."""
+    hello = recv_msg(sock)
+    if hello.get("op") != "start":
+        raise ValueError(f"the first request must be 'start', got {hello.get('op')!r}")
+    try:
+        engine = Engine(hello["llm_kwargs"], int(hello.get("version", 0)))
+    except Exception as exc:  # noqa: BLE001 - reported to the learner, then exit
+        send_msg(sock, _error(exc))
+        return 1
+    send_msg(sock, {"ok": True, **engine.info()})
+    ops = {"generate": engine.generate, "score": engine.score, "stage": engine.stage, "commit": engine.commit,
+           "perturb": engine.perturb, "info": engine.info}
+    while True:
+        try:
+            req = recv_msg(sock)
+        except EOFError:  # the learner went away: nothing left to serve
+            return 0
+        op = req.pop("op", None)
+        if op == "shutdown":
+            send_msg(sock, {"ok": True})
+            return 0
+        if op not in ops:
+            send_msg(sock, {"ok": False, "error": f"ValueError: unknown op {op!r}", "traceback": ""})
+            continue
+        try:
+            send_msg(sock, {"ok": True, **ops[op](**req)})
+        except Exception as exc:  # noqa: BLE001 - the learner raises it with the engine's traceback
+            send_msg(sock, _error(exc))
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def named_tensors(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, t in items:
+        yield name, encode_tensor(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="file descriptor of the connected socket")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sock = socket.socket(fileno=args.fd)
+    try:
+        return serve(sock)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
