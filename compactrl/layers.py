@@ -171,9 +171,10 @@ def _package_of(module: str, known: dict[str, Path]) -> str:
     return module if known[module].name == "__init__.py" else module.rpartition(".")[0]
 
 
-def private_imports(package: Path = PACKAGE) -> list[tuple[str, str, int]]:
+def private_imports(package: Path = PACKAGE, *, siblings: bool = False) -> list[tuple[str, str, int]]:
     """Private names (``_x``) or private modules imported from outside the package that owns them:
-    (importer, ``module.name``, line). Siblings in one package may share private names."""
+    (importer, ``module.name``, line). Siblings in one package may share private names; with
+    ``siblings=True`` their imports are listed too (every private name imported across modules)."""
     known = modules(package)
     out = []
     for name, path in known.items():
@@ -187,7 +188,7 @@ def private_imports(package: Path = PACKAGE) -> list[tuple[str, str, int]]:
             owner = _package_of(module, known)
             private = [p for p in target.split(".")[1:] if p.startswith("_") and not p.startswith("__")]
             inside = name == owner or name.startswith(owner + ".")
-            if private and not inside:
+            if private and (siblings or not inside):
                 out.append((name, target, imp.line))
     return sorted(set(out))
 
@@ -268,7 +269,8 @@ def report(package: Path = PACKAGE) -> str:
            f"{sum(len(t) for t in graph.values())}",
            f"- imports running up the layers: {len(up)}",
            *[f"  - {a} -> {b} (line {line})" for a, b, line in up],
-           f"- private names imported from outside their package: {len(private)}",
+           f"- private names imported across modules: {len(private_imports(package, siblings=True))}; "
+           f"from outside their package: {len(private)}",
            *[f"  - {a}: {b} (line {line})" for a, b, line in private],
            f"- `Task.metadata` keys: {len(keys)}; read outside the package that writes them: {len(foreign)}",
            *[f"  - `{k}`: {', '.join(m.replace('compactrl.', '') for m in v)}" for k, v in foreign.items()]]
