@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("compactrl.algos.losses", "compactrl.training.config"),
     ("compactrl.sandbox.docker", "compactrl.tasksets.terminal_bench.base_images"),
-    ("compactrl.shell_sim", "compactrl.sandbox.base"),
 }
 KNOWN_PRIVATE: set[tuple[str, str]] = {
     ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._CONFIG_ERRORS"),
