@@ -17,13 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("compactrl.algos.losses", "compactrl.training.config"),
     ("compactrl.sandbox.docker", "compactrl.tasksets.terminal_bench.base_images"),
-    ("compactrl.shell_sim", "compactrl.sandbox.base"),
 }
 KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._CONFIG_ERRORS"),
-    ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Episode"),
-    ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Planned"),
-    ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Slot"),
     ("compactrl.gateway.constrain", "compactrl.policies.transformers_policy._draw"),
     ("compactrl.policies.scripted.code", "compactrl.tasksets.generators._facts.code_value"),
     ("compactrl.tasksets.terminal_bench.dockerfile", "compactrl.sandbox._shell.HEREDOC"),

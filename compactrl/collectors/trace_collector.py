@@ -21,130 +21,43 @@ task-seed stream; evaluation of task sets uses it (``compactrl.eval``).
 
 Infrastructure failures never stop collection: an episode that the env truncates with
 ``info["sandbox_error"]``, or whose ``reset``/``step`` raises (anything but ``ValueError`` /
-``TypeError``, which signal a bad configuration or a policy bug and propagate), is ended as
-truncated (the traces it finished so far are kept), the env is closed and rebuilt from its
-constructor, and the next episode starts.
+``TypeError``, :data:`~compactrl.collectors.episodes.CONFIG_ERRORS`, which signal a bad
+configuration or a policy bug and propagate), is ended as truncated (the traces it finished so far
+are kept), the env is closed and rebuilt from its constructor, and the next episode starts.
 
+Episodes move through the states of :mod:`compactrl.collectors.episodes` (plan, env slot, episode).
 Per-episode statistics of the last batch are in :attr:`TraceCollector.last_episode_stats` (a list
-of :class:`EpisodeStats`); see that class for the fields and how generation time is attributed.
+of :class:`~compactrl.collectors.episodes.EpisodeStats`); see that class for the fields and how
+generation time is attributed.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import EpisodeMeta, stack_traces
-from compactrl.types import Policy, PolicyRequest, TokenResponse, Trace
+from compactrl.collectors.episodes import (
+    CONFIG_ERRORS,
+    EnvFn,
+    EnvSlot,
+    Episode,
+    EpisodePlan,
+    EpisodeStats,
+    summarize_episodes,
+)
+from compactrl.types import Policy, PolicyRequest, TokenResponse
 
 log = logging.getLogger(__name__)
 
-EnvFn = Callable[[], Any]
-
-_CONFIG_ERRORS = (ValueError, TypeError)
-"""Raised for a bad configuration or a policy bug (e.g. token ids outside the vocabulary): these
-propagate. Every other exception from an env is an infrastructure failure the collection survives."""
-
-_NOT_FINAL_INFO = frozenset({
-    "trace", "prompt_token_ids", "max_new_tokens", "compaction_required", "compacted", "trace_index",
-    "context_tokens", "clipped_tokens", "tool", "task", "task_id", "success", "sandbox_error", "num_traces",
-    "num_compactions", "summary_tokens",
-})
-"""Keys of a final ``info`` that :attr:`EpisodeStats.info` leaves out: per-step bookkeeping of the
-wrapper, and figures that :class:`EpisodeStats` has a field for (one name per figure)."""
-
 _MAX_TRACELESS_EPISODES = 64
 """Episodes of one batch that may end without a finished trace before collection gives up."""
-
-
-@dataclass
-class EpisodeStats:
-    """What one episode cost and earned.
-
-    Generation time is measured per ``policy.act`` call (one round) and shared between the requests
-    of that round in proportion to the tokens each generated (equal shares when a policy returns
-    plain strings), so the per-episode times of a batch add up to the batch's generation time.
-    """
-
-    episode_id: int
-    """Unique id within the collector (matches ``episode_id`` in the trace batch)."""
-    group_id: int
-    """Episodes reset with the same task seed share it (GRPO groups)."""
-    task_seed: int
-    """Seed passed to ``env.reset``; it selects the task."""
-    task_id: str = ""
-    """The task's id, when the env exposes it."""
-    num_traces: int = 0
-    """Finished traces (rows of the trace batch)."""
-    compactions: int = 0
-    """Summaries written (traces that end with a summary)."""
-    generated_tokens: int = 0
-    """Policy tokens over all traces, summaries included."""
-    summary_tokens: int = 0
-    """Policy tokens that belong to summaries."""
-    trace_tokens: int = 0
-    """All tokens of all traces (prompts, tool outputs and policy tokens)."""
-    steps: int = 0
-    """Env steps (policy responses) taken."""
-    reward: float = 0.0
-    """Sum of the env rewards."""
-    success: bool = False
-    """``info["success"]`` at the end when the env reports it, else ``reward > 0``."""
-    terminated: bool = False
-    """Ended by the task (submit / success)."""
-    truncated: bool = False
-    """Cut short (turn, token or time limits, budget exhausted, sandbox failure)."""
-    sandbox_error: str | None = None
-    """Why the infrastructure failed, when it did."""
-    summary_gen_time_s: float = 0.0
-    """Share of generation time spent writing summaries."""
-    other_gen_time_s: float = 0.0
-    """Share of generation time spent on every other response."""
-    env_time_s: float = 0.0
-    """Time spent inside ``env.reset``/``env.step``."""
-    wall_clock_s: float = 0.0
-    """From reset to the end of the episode (includes waiting for other envs of a round)."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """Scalar entries (numbers, strings) of the env's last ``info``, e.g. ``format_errors``,
-    ``tests_passed``, ``context_tokens_max``, ``test_summary``; without the wrapper's per-step
-    bookkeeping and without what a field above already holds (see :data:`_NOT_FINAL_INFO`)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class _Episode:
-    stats: EpisodeStats
-    traces: list[Trace] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
-
-
-class _Planned(NamedTuple):
-    """An episode not started yet: what its ``reset`` receives."""
-
-    group_id: int
-    task_seed: int
-    options: dict[str, Any] | None
-
-
-@dataclass
-class _Slot:
-    """One environment and the episode it is running (``episode`` None when idle)."""
-
-    env_fn: EnvFn
-    env: Any = None
-    obs: Any = None
-    info: dict = field(default_factory=dict)
-    episode: _Episode | None = None
 
 
 class TraceCollector:
@@ -193,7 +106,7 @@ class TraceCollector:
         self.pad_id = pad_id
         self.give_task_to_policy = give_task_to_policy
         self.reset_options = reset_options
-        self._slots = [_Slot(env_fn=fn) for fn in env_fns]
+        self._slots = [EnvSlot(env_fn=fn) for fn in env_fns]
         self._next_episode_id = 0
         self._next_group_id = 0
         self._batches = 0
@@ -230,7 +143,7 @@ class TraceCollector:
     def shutdown(self) -> None:
         """Close every environment. Idempotent."""
         for slot in self._slots:
-            self._close_env(slot)
+            slot.close_env()
 
     def state_dict(self) -> dict[str, Any]:
         """Counters and the task-seed generator state (enough to resume a run's task stream)."""
@@ -291,14 +204,14 @@ class TraceCollector:
         nothing about the others. Errors from an env's constructor propagate as in :meth:`next`.
         Returns ``None`` when no episode finished a trace.
         """
-        plan: deque[_Planned] = deque()
+        plan: deque[EpisodePlan] = deque()
         for options in reset_options:
-            plan.append(_Planned(self._next_group_id, self._draw_seed(), {**(self.reset_options or {}), **(options or {})}))
+            plan.append(EpisodePlan(self._next_group_id, self._draw_seed(), {**(self.reset_options or {}), **(options or {})}))
             self._next_group_id += 1
         episodes = self._collect_episodes(plan, fixed=True)
         return self._batch(episodes)
 
-    def _batch(self, episodes: list[_Episode]) -> TensorDict | None:
+    def _batch(self, episodes: list[Episode]) -> TensorDict | None:
         self.last_episode_stats = [ep.stats for ep in episodes]
         self.last_batch_stats = summarize_episodes(self.last_episode_stats)
         if not any(ep.traces for ep in episodes):
@@ -311,11 +224,11 @@ class TraceCollector:
         ]
         return stack_traces(rows, pad_id=self.pad_id)
 
-    def _collect_episodes(self, pending: deque[_Planned], *, fixed: bool) -> list[_Episode]:
+    def _collect_episodes(self, pending: deque[EpisodePlan], *, fixed: bool) -> list[Episode]:
         """Run the episodes of ``pending``; unless ``fixed``, plan more from the task-seed stream."""
         self._fixed_plan = fixed
         planned = 0
-        finished: list[_Episode] = []
+        finished: list[Episode] = []
         while True:
             if not fixed and self._want_more(planned, finished, pending):
                 self._extend_plan(pending)
@@ -334,7 +247,7 @@ class TraceCollector:
         finished.sort(key=lambda ep: ep.stats.episode_id)
         return finished
 
-    def _want_more(self, planned: int, finished: list[_Episode], pending: deque) -> bool:
+    def _want_more(self, planned: int, finished: list[Episode], pending: deque) -> bool:
         """Whether to queue another whole group of episodes for this batch."""
         if self.episodes_per_batch is not None:
             return planned < self.episodes_per_batch
@@ -345,13 +258,13 @@ class TraceCollector:
     def _draw_seed(self) -> int:
         return int(self._rng.integers(0, 2**31 - 1))
 
-    def _extend_plan(self, pending: deque[_Planned]) -> None:
+    def _extend_plan(self, pending: deque[EpisodePlan]) -> None:
         group_id = self._next_group_id
         self._next_group_id += 1
         task_seed = self._draw_seed()
-        pending.extend(_Planned(group_id, task_seed, self.reset_options) for _ in range(self.group_size))
+        pending.extend(EpisodePlan(group_id, task_seed, self.reset_options) for _ in range(self.group_size))
 
-    def _start_episodes(self, pending: deque[_Planned]) -> list[_Episode]:
+    def _start_episodes(self, pending: deque[EpisodePlan]) -> list[Episode]:
         """Reset idle envs with queued episodes; returns episodes whose reset failed."""
         failed = []
         for slot in self._slots:
@@ -363,11 +276,11 @@ class TraceCollector:
                     failed.append(episode)
         return failed
 
-    def _reset(self, slot: _Slot, plan: _Planned) -> _Episode | None:
+    def _reset(self, slot: EnvSlot, plan: EpisodePlan) -> Episode | None:
         """Start an episode in ``slot``; returns it already ended when the reset failed."""
         stats = EpisodeStats(episode_id=self._next_episode_id, group_id=plan.group_id, task_seed=plan.task_seed)
         self._next_episode_id += 1
-        episode = _Episode(stats=stats)
+        episode = Episode(stats=stats)
         t0 = time.perf_counter()
         try:
             if slot.env is None:
@@ -378,7 +291,7 @@ class TraceCollector:
                 raise
             log.warning("env.reset failed (episode %d): %r", stats.episode_id, exc)
             stats.env_time_s += time.perf_counter() - t0
-            self._fail(slot, episode, exc)
+            _fail(slot, episode, exc)
             stats.wall_clock_s = time.perf_counter() - episode.started
             return episode
         stats.env_time_s += time.perf_counter() - t0
@@ -386,7 +299,7 @@ class TraceCollector:
         slot.episode = episode
         return None
 
-    def _round(self, busy: list[_Slot]) -> list[_Episode]:
+    def _round(self, busy: list[EnvSlot]) -> list[Episode]:
         """One batched policy call for every waiting env, then one step each."""
         finished = []
         requests = [self._request(s) for s in busy]
@@ -402,16 +315,16 @@ class TraceCollector:
             else:
                 stats.other_gen_time_s += share
             if self._step(slot, action):
-                finished.append(self._finish(slot))
+                finished.append(slot.finish())
         return finished
 
     def _survivable(self, exc: Exception, *, built: bool) -> bool:
         """Whether an env's exception ends only its episode (see :meth:`collect` for a fixed plan)."""
-        if not isinstance(exc, _CONFIG_ERRORS):
+        if not isinstance(exc, CONFIG_ERRORS):
             return True
         return self._fixed_plan and built  # a constructor's config error always propagates
 
-    def _request(self, slot: _Slot) -> PolicyRequest:
+    def _request(self, slot: EnvSlot) -> PolicyRequest:
         info = slot.info
         task = _task(slot.env, info) if self.give_task_to_policy else None
         return PolicyRequest(
@@ -422,7 +335,7 @@ class TraceCollector:
             task=task,
         )
 
-    def _step(self, slot: _Slot, action: str) -> bool:
+    def _step(self, slot: EnvSlot, action: str) -> bool:
         """Step one env; returns True when its episode ended."""
         stats = slot.episode.stats
         t0 = time.perf_counter()
@@ -433,56 +346,20 @@ class TraceCollector:
                 raise
             stats.env_time_s += time.perf_counter() - t0
             log.warning("env.step failed (episode %d): %r", stats.episode_id, exc)
-            self._fail(slot, slot.episode, exc)
+            _fail(slot, slot.episode, exc)
             return True
         stats.env_time_s += time.perf_counter() - t0
         stats.steps += 1
         stats.reward += float(reward)
-        self._take_traces(slot.episode, info)
+        slot.episode.take_trace(info)
         slot.obs, slot.info = obs, info
         if terminated or truncated:
-            stats.info = _final_info(info)
-            stats.terminated, stats.truncated = bool(terminated), bool(truncated) and not terminated
-            stats.success = bool(info.get("success", stats.reward > 0))
+            slot.episode.end(info, terminated, truncated)
             if info.get("sandbox_error"):
-                stats.sandbox_error = str(info["sandbox_error"])
-                stats.truncated, stats.terminated = True, False
                 log.warning("sandbox failure ended episode %d: %s", stats.episode_id, stats.sandbox_error)
-                self._close_env(slot)  # a failed sandbox is not reused
+                slot.close_env()  # a failed sandbox is not reused
             return True
         return False
-
-    def _take_traces(self, episode: _Episode, info: dict) -> None:
-        tr = info.get("trace")
-        if tr is not None:
-            episode.traces.append(tr)
-            st = episode.stats
-            st.num_traces += 1
-            st.compactions += int(bool(tr.ends_with_summary))
-            st.generated_tokens += sum(tr.policy_mask)
-            st.summary_tokens += sum(tr.summary_mask)
-            st.trace_tokens += len(tr)
-
-    def _fail(self, slot: _Slot, episode: _Episode, exc: BaseException) -> None:
-        st = episode.stats
-        st.truncated, st.terminated, st.success = True, False, False
-        st.sandbox_error = f"{type(exc).__name__}: {exc}"
-        self._close_env(slot)
-
-    def _finish(self, slot: _Slot) -> _Episode:
-        episode = slot.episode
-        episode.stats.wall_clock_s = time.perf_counter() - episode.started
-        slot.episode, slot.obs, slot.info = None, None, {}
-        return episode
-
-    @staticmethod
-    def _close_env(slot: _Slot) -> None:
-        env, slot.env = slot.env, None
-        if env is not None:
-            try:
-                env.close()
-            except Exception as exc:  # noqa: BLE001 - closing a broken env may fail too
-                log.warning("closing a failed env raised %r", exc)
 
 
 def _validate(num_envs: int, episodes: int | None, tokens: int | None, batches: int | None, group: int) -> None:
@@ -504,7 +381,13 @@ def _validate(num_envs: int, episodes: int | None, tokens: int | None, batches: 
         raise ValueError(f"episodes_per_batch: expected a multiple of group_size={group}, got {episodes}")
 
 
-def _check_not_all_failing(finished: list[_Episode]) -> None:
+def _fail(slot: EnvSlot, episode: Episode, exc: BaseException) -> None:
+    """End ``episode`` as failed by ``exc`` (an infrastructure failure) and close the slot's env."""
+    episode.end_failed(f"{type(exc).__name__}: {exc}")
+    slot.close_env()
+
+
+def _check_not_all_failing(finished: list[Episode]) -> None:
     if len(finished) >= _MAX_TRACELESS_EPISODES:
         raise RuntimeError(
             f"{len(finished)} episodes in a row ended without a finished trace; "
@@ -520,17 +403,6 @@ def _time_shares(actions: Sequence[str], total: float) -> list[float]:
     return [total * c / n for c in counts]
 
 
-def _final_info(info: dict) -> dict[str, Any]:
-    out = {}
-    for key, value in info.items():
-        if key in _NOT_FINAL_INFO or not isinstance(value, (bool, int, float, str)):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            continue
-        out[key] = value
-    return out
-
-
 def _task(env: Any, info: dict) -> Any:
     if info.get("task") is not None:
         return info["task"]
@@ -542,56 +414,3 @@ def _task_id(env: Any, info: dict) -> str:
         return str(info["task_id"])
     task = _task(env, info)
     return str(getattr(task, "id", "")) if task is not None else ""
-
-
-def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
-    """Batch aggregates: means per episode, the summary share of generated tokens and time.
-
-    Every numeric entry ``k`` of :attr:`EpisodeStats.info` is averaged over the episodes that
-    report it as ``k_per_episode`` (unless that names a figure above) (``format_errors_per_episode``, ``tests_passed_per_episode``...),
-    so the figures an env adds to its ``info`` are reported without naming them here.
-    """
-    n = len(stats)
-    if n == 0:
-        return {}
-    gen = sum(s.generated_tokens for s in stats)
-    summ = sum(s.summary_tokens for s in stats)
-    t_sum = sum(s.summary_gen_time_s for s in stats)
-    t_all = t_sum + sum(s.other_gen_time_s for s in stats)
-    out = {
-        "episodes": float(n),
-        "success_rate": sum(s.success for s in stats) / n,
-        "reward_mean": sum(s.reward for s in stats) / n,
-        "traces_per_episode": sum(s.num_traces for s in stats) / n,
-        "compactions_per_episode": sum(s.compactions for s in stats) / n,
-        "summary_tokens_per_episode": summ / n,
-        "generated_tokens_per_episode": gen / n,
-        "summary_token_share": summ / gen if gen else 0.0,
-        "summary_time_share": t_sum / t_all if t_all else 0.0,
-        "summary_gen_time_per_episode_s": t_sum / n,
-        "wall_clock_per_episode_s": sum(s.wall_clock_s for s in stats) / n,
-        "truncated_rate": sum(s.truncated for s in stats) / n,
-        "sandbox_errors": float(sum(s.sandbox_error is not None for s in stats)),
-        "steps_per_episode": sum(s.steps for s in stats) / n,
-        "trace_tokens": float(sum(s.trace_tokens for s in stats)),
-        "success_stderr": _stderr([float(s.success) for s in stats]),
-    }
-    out.update((k, v) for k, v in _info_means(stats).items() if k not in out)  # a field's name wins
-    return out
-
-
-def _info_means(stats: Sequence[EpisodeStats]) -> dict[str, float]:
-    values: dict[str, list[float]] = {}
-    for s in stats:
-        for key, value in s.info.items():
-            if not isinstance(value, str):
-                values.setdefault(f"{key}_per_episode", []).append(float(value))
-    return {key: sum(v) / len(v) for key, v in sorted(values.items())}
-
-
-def _stderr(xs: Sequence[float]) -> float:
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    m = sum(xs) / n
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)

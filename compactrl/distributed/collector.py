@@ -43,16 +43,16 @@ import torch
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import EpisodeMeta, stack_traces
-from compactrl.collectors.trace_collector import (
-    _CONFIG_ERRORS,
+from compactrl.collectors.episodes import (
+    CONFIG_ERRORS,
     EnvFn,
+    EnvSlot,
+    Episode,
+    EpisodePlan,
     EpisodeStats,
-    TraceCollector,
-    _Episode,
-    _Planned,
-    _Slot,
     summarize_episodes,
 )
+from compactrl.collectors.trace_collector import TraceCollector
 from compactrl.distributed.cluster import wait_one
 from compactrl.distributed.engines import EngineClient, EngineFn, EngineLost, InferenceEngine, engine_client
 from compactrl.types import Policy, Trace
@@ -75,12 +75,12 @@ class _PlanCollector(TraceCollector):
     truncated, and notes per episode the oldest policy version its responses were sampled with.
     """
 
-    def run_plan(self, plans: Sequence[_Planned], version: int) -> list[tuple[EpisodeStats, list[Trace], int]]:
+    def run_plan(self, plans: Sequence[EpisodePlan], version: int) -> list[tuple[EpisodeStats, list[Trace], int]]:
         self._versions: dict[int, int] = {}
         episodes = self._collect_episodes(deque(plans), fixed=True)
         return [(ep.stats, ep.traces, self._versions.get(ep.stats.episode_id, version)) for ep in episodes]
 
-    def _round(self, busy: list[_Slot]) -> list[_Episode]:
+    def _round(self, busy: list[EnvSlot]) -> list[Episode]:
         ids = [s.episode.stats.episode_id for s in busy]
         try:
             finished = super()._round(busy)
@@ -92,14 +92,13 @@ class _PlanCollector(TraceCollector):
                 self._versions[i] = min(self._versions.get(i, served), served)
         return finished
 
-    def _lost_to_engine(self, slot: _Slot, exc: EngineLost) -> _Episode:
-        stats = slot.episode.stats
-        stats.truncated, stats.terminated, stats.success = True, False, False
-        stats.sandbox_error = str(exc)
-        return self._finish(slot)  # the env is sound: its next reset starts the next episode
+    @staticmethod
+    def _lost_to_engine(slot: EnvSlot, exc: EngineLost) -> Episode:
+        slot.episode.end_failed(str(exc))
+        return slot.finish()  # the env is sound: its next reset starts the next episode
 
     def _survivable(self, exc: Exception, *, built: bool) -> bool:
-        return not isinstance(exc, _CONFIG_ERRORS)  # as in next(): a config or policy bug propagates
+        return not isinstance(exc, CONFIG_ERRORS)  # as in next(): a config or policy bug propagates
 
 
 class RolloutWorker:
@@ -126,7 +125,7 @@ class RolloutWorker:
             self.policy.load_state_dict(ray.get(weights[0]))
         self.version = version
 
-    def run(self, plans: list[_Planned]) -> tuple[list[tuple[EpisodeStats, list[Trace], int]], list[int]]:
+    def run(self, plans: list[EpisodePlan]) -> tuple[list[tuple[EpisodeStats, list[Trace], int]], list[int]]:
         """The plan's episodes (stats, traces, policy version) and the pids of the engines that answered."""
         episodes = self.collector.run_plan(plans, self.version)
         return episodes, sorted(getattr(self.policy, "engine_pids", ()))
@@ -275,20 +274,20 @@ class RayCollector:
         self._batches += 1
         return self._batch(sorted(results, key=lambda r: r[0].episode_id))
 
-    def _plan(self, groups: int | None = None) -> list[tuple[int, _Planned]]:
+    def _plan(self, groups: int | None = None) -> list[tuple[int, EpisodePlan]]:
         """(episode id, plan) of ``groups`` whole groups (default: one batch), drawn as TraceCollector draws them."""
         plans = []
         for _ in range(self.episodes_per_batch // self.group_size if groups is None else groups):
             group_id, task_seed = self._next_group_id, int(self._rng.integers(0, 2**31 - 1))
             self._next_group_id += 1
             for _ in range(self.group_size):
-                plans.append((self._next_episode_id, _Planned(group_id, task_seed, self.reset_options)))
+                plans.append((self._next_episode_id, EpisodePlan(group_id, task_seed, self.reset_options)))
                 self._next_episode_id += 1
         return plans
 
-    def _run(self, plans: list[tuple[int, _Planned]]) -> list[tuple[EpisodeStats, list[Trace], int]]:
+    def _run(self, plans: list[tuple[int, EpisodePlan]]) -> list[tuple[EpisodeStats, list[Trace], int]]:
         """Run the plan's groups on the workers (group g on worker g mod W), re-running lost shares."""
-        shares: dict[int, list[tuple[int, _Planned]]] = {}
+        shares: dict[int, list[tuple[int, EpisodePlan]]] = {}
         first_group = plans[0][1].group_id if plans else 0
         for eid, plan in plans:
             shares.setdefault((plan.group_id - first_group) % self.num_workers, []).append((eid, plan))
@@ -301,7 +300,7 @@ class RayCollector:
         groups = max(1, self.envs_per_worker // self.group_size)
         tokens = episodes = 0
 
-        def more(finished: list[tuple[EpisodeStats, list[Trace], int]]) -> list[tuple[int, _Planned]] | None:
+        def more(finished: list[tuple[EpisodeStats, list[Trace], int]]) -> list[tuple[int, EpisodePlan]] | None:
             nonlocal tokens, episodes
             tokens += sum(stats.trace_tokens for stats, _, _ in finished)
             episodes += len(finished)
@@ -311,7 +310,7 @@ class RayCollector:
 
         return self._run_shares({w: self._plan(groups) for w in range(self.num_workers)}, more)
 
-    def _run_shares(self, shares: dict[int, list[tuple[int, _Planned]]], more: Callable | None = None,
+    def _run_shares(self, shares: dict[int, list[tuple[int, EpisodePlan]]], more: Callable | None = None,
                     ) -> list[tuple[EpisodeStats, list[Trace], int]]:
         """Run each worker's share, re-running the share of a worker that died; ``more(results of a
         share)`` may return the next share for the worker that ran it (None: nothing more)."""
@@ -320,7 +319,7 @@ class RayCollector:
         self._ensure_workers(sorted(shares))
         calls = {}
 
-        def submit(w: int, share: list[tuple[int, _Planned]], tries: int) -> None:
+        def submit(w: int, share: list[tuple[int, EpisodePlan]], tries: int) -> None:
             calls[self._workers[w].run.remote([p for _, p in share])] = (w, share, tries)
 
         for w, share in shares.items():
@@ -432,7 +431,7 @@ class RayCollector:
         return batch
 
 
-def _lost(episode_id: int, plan: _Planned, exc: BaseException) -> EpisodeStats:
+def _lost(episode_id: int, plan: EpisodePlan, exc: BaseException) -> EpisodeStats:
     return EpisodeStats(episode_id=episode_id, group_id=plan.group_id, task_seed=plan.task_seed, truncated=True,
                         sandbox_error=f"rollout worker lost: {type(exc).__name__}")
 

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium as gym
 from tensordict import TensorDict
 
-from compactrl.collectors.trace_collector import EpisodeStats, TraceCollector, summarize_episodes
+from compactrl.collectors import EpisodeStats, TraceCollector, summarize_episodes
 from compactrl.wrappers import ContextBudget, ContextBudgetConfig
 
 EnvFn = Callable[[], gym.Env]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compactrl.collectors.trace_collector import EpisodeStats, TraceCollector, summarize_episodes
+from compactrl.collectors import EpisodeStats, TraceCollector, summarize_episodes
 from compactrl.eval.episodes import with_budget
 from compactrl.eval.records import with_encoded_output
 from compactrl.task import Task

@@ -36,7 +36,7 @@ import torch
 from gymnasium.utils import seeding
 from tensordict import TensorDict
 
-from compactrl.collectors.trace_collector import EpisodeStats, summarize_episodes
+from compactrl.collectors.episodes import EpisodeStats, summarize_episodes
 from compactrl.envs.code_env import with_backend_state
 from compactrl.gateway.app import Gateway, GatewayConfig
 from compactrl.gateway.engines import policy_engine

@@ -4,7 +4,8 @@ Nothing the agent writes is ever executed. Files live in a dict; ``run_tests`` a
 the verdict: by default :func:`~compactrl.sandbox.static_pytest.judge_code_task`, which
 decides each test of a generated code task from the files with :mod:`ast` so that it equals what
 ``python -m pytest`` would report (see :mod:`compactrl.sandbox.static_pytest`). ``exec``
-delegates to the sim shell (:mod:`compactrl.shell_sim`).
+delegates to the sim shell (:mod:`compactrl.shell_sim`) and turns its
+:class:`~compactrl.shell_sim.ShellResult` into an :class:`~compactrl.sandbox.base.ExecResult`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from compactrl.sandbox.base import ExecResult, SandboxError, TestReport
 from compactrl.sandbox.static_pytest import judge_code_task
 from compactrl.task import Check, Task
 from compactrl.tools import normalize_path
+
+if TYPE_CHECKING:
+    from compactrl.shell_sim import ShellResult
 
 Judge = Callable[[Task, dict[str, str]], TestReport]
 
@@ -31,7 +36,8 @@ class SimSandbox:
 
     ``judge`` decides test verdicts (default: :func:`judge_code_task`, which needs a generated
     code task). ``exec`` delegates to :mod:`compactrl.shell_sim` when that module provides
-    ``execute(files, command, *, timeout_s)``; otherwise it answers that the shell is unavailable.
+    ``execute(files, command, *, timeout_s)`` (see :func:`exec_result` for its result); otherwise it
+    answers that the shell is unavailable.
     """
 
     backend = "sim"
@@ -100,7 +106,7 @@ class SimSandbox:
         if self._shell is None:
             return ExecResult(output=SHELL_UNAVAILABLE, exit_code=127)
         self._paths_version += 1
-        return self._shell(self._files, command, timeout_s=timeout_s)
+        return exec_result(self._shell(self._files, command, timeout_s=timeout_s))
 
     def run_tests(self, check: Check | None = None) -> TestReport:
         task = self._require_task()
@@ -143,6 +149,11 @@ class SimSandbox:
         if self._task is None:
             raise SandboxError("the sim sandbox was not started (call start(task) first)")
         return self._task
+
+
+def exec_result(run: ShellResult) -> ExecResult:
+    """The sandbox's result for the sim shell's: the same output, exit code, time-out and truncation."""
+    return ExecResult(output=run.output, exit_code=run.exit_code, timed_out=run.timed_out, truncated=run.truncated)
 
 
 def _load_shell():

@@ -24,7 +24,6 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from compactrl.sandbox.base import ExecResult
 from compactrl.shell_sim.awk import AWK
 from compactrl.shell_sim.builtins import BUILTINS
 from compactrl.shell_sim.builtins2 import BUILTINS2
@@ -61,8 +60,25 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
+class ShellResult:
+    """What one command line gave: ``output`` is stdout and stderr interleaved in write order.
+
+    ``exit_code`` is the command line's status as ``bash -c`` would exit with it (124 when a limit
+    stopped it); ``timed_out`` says a limit (the time budget, or loop iterations and function calls)
+    ended it, with the reason at the end of ``output``; ``truncated`` says ``output`` was cut at ``max_output_chars``.
+    The fields and their defaults are those of the sandboxes' result, which the sim sandbox builds
+    from this one.
+    """
+
+    output: str
+    exit_code: int
+    timed_out: bool = False
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
 class ShellRun:
-    """One command line's result with the streams kept apart (``ExecResult`` merges them)."""
+    """One command line's result with the streams kept apart (:class:`ShellResult` merges them)."""
 
     stdout: str
     stderr: str
@@ -110,6 +126,7 @@ class ShellEmulator:
         return self.shell.cwd
 
     def run_detailed(self, command: str, timeout_s: float | None = None) -> ShellRun:
+        """Run one command line as :meth:`run` does, keeping stdout and stderr apart as well."""
         self.fs.invalidate()  # the caller may have edited ``files`` between runs
         budget = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
         limits = Limits(deadline=time.monotonic() + budget, max_iterations=self.max_loop_iterations,
@@ -128,13 +145,13 @@ class ShellEmulator:
             timed_out=self.shell.timed_out,
         )
 
-    def run(self, command: str, timeout_s: float | None = None) -> ExecResult:
+    def run(self, command: str, timeout_s: float | None = None) -> ShellResult:
         """Run one command line; ``output`` is stdout and stderr interleaved in write order."""
         r = self.run_detailed(command, timeout_s)
-        return ExecResult(output=r.output, exit_code=r.exit_code, truncated=r.truncated, timed_out=r.timed_out)
+        return ShellResult(output=r.output, exit_code=r.exit_code, truncated=r.truncated, timed_out=r.timed_out)
 
 
-def run_command(files: dict[str, str], command: str, **kwargs) -> ExecResult:
+def run_command(files: dict[str, str], command: str, **kwargs) -> ShellResult:
     """One-shot helper: a fresh :class:`ShellEmulator` over ``files`` runs ``command``."""
     return ShellEmulator(files, **kwargs).run(command)
 
@@ -144,7 +161,7 @@ _SESSIONS_LOCK = threading.Lock()
 MAX_SESSIONS = 4096
 
 
-def execute(files: dict[str, str], command: str, *, timeout_s: float | None = None) -> ExecResult:
+def execute(files: dict[str, str], command: str, *, timeout_s: float | None = None) -> ShellResult:
     """The sim sandbox's ``exec``: run ``command`` in the session that owns ``files``.
 
     A session (current directory, exported variables, empty directories) lives as long as the
@@ -163,5 +180,5 @@ def execute(files: dict[str, str], command: str, *, timeout_s: float | None = No
     return sh.run(command, timeout_s=timeout_s)
 
 
-__all__ = ["COMMANDS", "DEFAULT_ROOT", "DEFAULT_TIMEOUT_S", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellRun", "execute",
-           "run_command"]
+__all__ = ["COMMANDS", "DEFAULT_ROOT", "DEFAULT_TIMEOUT_S", "SUPPORTED_COMMANDS", "ShellEmulator", "ShellResult", "ShellRun",
+           "execute", "run_command"]

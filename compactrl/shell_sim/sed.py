@@ -421,6 +421,13 @@ def _lines(text: str) -> list[tuple[str, bool]]:
     return [(p.rstrip("\n"), p.endswith("\n")) for p in pieces]
 
 
+_EDITS = frozenset("yhHgGx")
+"""sed commands that change only the pattern and hold spaces (:meth:`_Machine._edit`)."""
+
+_WRITES = frozenset("pP=airwl")
+"""sed commands that only write, now or at the end of the cycle (:meth:`_Machine._write`)."""
+
+
 class _Machine:
     def __init__(self, sh: Shell, cmds: list[Cmd], quiet: bool, out: _Output, inp: _Input) -> None:
         self.sh, self.cmds, self.quiet, self.out, self.inp = sh, cmds, quiet, out, inp
@@ -490,6 +497,10 @@ class _Machine:
             self._cycle(*item)
 
     def _cycle(self, ps: str, nl: bool) -> None:
+        """Run the script over one input line ``ps`` (``nl``: it ended with a newline), as GNU sed's
+        cycle: the commands that change the flow (``c d D n N b t T q Q``) are here, the others in
+        :meth:`_edit` and :meth:`_write`; then the pattern space is printed (unless ``-n`` or a command
+        suppressed it) and the queued ``a``/``r`` texts follow."""
         append: list[str] = []
         pc, tflag, autoprint = 0, False, not self.quiet
         while pc < len(self.cmds):
@@ -505,31 +516,15 @@ class _Machine:
             if name == "s":
                 ps, done = self._subst(c, ps, nl)
                 tflag = tflag or done
-            elif name == "y":
-                ps = "".join((c.table or {}).get(ch, ch) for ch in ps)
-            elif name == "p":
-                self.out.write(ps, nl)
-            elif name == "P":
-                self.out.write(ps.split("\n", 1)[0], True)
-            elif name == "=":
-                self.out.write(str(self.line_no), True)
-            elif name in "aic":
-                if name == "a":
-                    append.append(c.arg)
-                elif name == "i":
+            elif name in _EDITS:
+                ps, nl = self._edit(c, ps, nl)
+            elif name in _WRITES:
+                self._write(c, ps, nl, append)
+            elif name == "c":
+                if c.a2 is None or not c.active or c.negate:
                     self.out.write(c.arg, True)
-                else:
-                    if c.a2 is None or not c.active or c.negate:
-                        self.out.write(c.arg, True)
-                    autoprint = False
-                    break
-            elif name == "r":
-                try:
-                    append.append(self.sh.fs.read(self.sh.resolve(c.wfile or "")).rstrip("\n"))
-                except FsError:
-                    pass
-            elif name == "w":
-                self.wfiles.setdefault(c.wfile or "", _Output()).write(ps, nl)
+                autoprint = False
+                break
             elif name == "d":
                 autoprint = False
                 break
@@ -544,23 +539,8 @@ class _Machine:
             elif name in "nN":
                 if self.inp.is_last():  # GNU: print the pattern space and stop
                     break
-                if name == "n" and not self.quiet:
-                    self.out.write(ps, nl)
-                self._flush_append(append)
+                ps, nl = self._next_line(name, ps, nl, append)
                 append = []
-                nxt, nl = self.inp.next()  # type: ignore[misc]
-                self.line_no += 1
-                ps = nxt if name == "n" else ps + "\n" + nxt
-            elif name == "h":
-                self.hold, self.hold_nl = ps, nl
-            elif name == "H":
-                self.hold, self.hold_nl = self.hold + "\n" + ps, nl
-            elif name == "g":
-                ps, nl = self.hold, self.hold_nl
-            elif name == "G":
-                ps, nl = ps + "\n" + self.hold, self.hold_nl
-            elif name == "x":
-                ps, self.hold, nl, self.hold_nl = self.hold, ps, self.hold_nl, nl
             elif name in "btT":
                 jump = name == "b" or (name == "t" and tflag) or (name == "T" and not tflag)
                 if name in "tT":
@@ -572,11 +552,62 @@ class _Machine:
                 if name == "Q":
                     autoprint = False
                 break
-            elif name == "l":
-                self.out.write(ps.replace("\\", "\\\\").replace("\t", "\\t") + "$", True)
         if autoprint:
             self.out.write(ps, nl)
         self._flush_append(append)
+
+    def _edit(self, c: Cmd, ps: str, nl: bool) -> tuple[str, bool]:
+        """A command of :data:`_EDITS`: the new pattern space and its newline flag (the hold space
+        changes in place)."""
+        name = c.name
+        if name == "y":
+            ps = "".join((c.table or {}).get(ch, ch) for ch in ps)
+        elif name == "h":
+            self.hold, self.hold_nl = ps, nl
+        elif name == "H":
+            self.hold, self.hold_nl = self.hold + "\n" + ps, nl
+        elif name == "g":
+            ps, nl = self.hold, self.hold_nl
+        elif name == "G":
+            ps, nl = ps + "\n" + self.hold, self.hold_nl
+        elif name == "x":
+            ps, self.hold, nl, self.hold_nl = self.hold, ps, self.hold_nl, nl
+        return ps, nl
+
+    def _write(self, c: Cmd, ps: str, nl: bool, append: list[str]) -> None:
+        """A command of :data:`_WRITES`: write now, to the output or a ``w`` file, or queue a text on
+        ``append`` for the end of the cycle (``a``, ``r``)."""
+        name = c.name
+        if name == "p":
+            self.out.write(ps, nl)
+        elif name == "P":
+            self.out.write(ps.split("\n", 1)[0], True)
+        elif name == "=":
+            self.out.write(str(self.line_no), True)
+        elif name == "a":
+            append.append(c.arg)
+        elif name == "i":
+            self.out.write(c.arg, True)
+        elif name == "r":
+            try:
+                append.append(self.sh.fs.read(self.sh.resolve(c.wfile or "")).rstrip("\n"))
+            except FsError:
+                pass
+        elif name == "w":
+            self.wfiles.setdefault(c.wfile or "", _Output()).write(ps, nl)
+        elif name == "l":
+            self.out.write(ps.replace("\\", "\\\\").replace("\t", "\\t") + "$", True)
+
+    def _next_line(self, name: str, ps: str, nl: bool, append: list[str]) -> tuple[str, bool]:
+        """``n`` prints the pattern space (unless ``-n``) and replaces it with the next line, ``N``
+        appends the next line to it; the queued ``append`` texts are written first. The caller has
+        checked that a next line exists."""
+        if name == "n" and not self.quiet:
+            self.out.write(ps, nl)
+        self._flush_append(append)
+        nxt, nl = self.inp.next()  # type: ignore[misc]
+        self.line_no += 1
+        return (nxt if name == "n" else ps + "\n" + nxt), nl
 
     def _flush_append(self, append: list[str]) -> None:
         for text in append:

@@ -30,7 +30,8 @@ import torch
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import concat_traces
-from compactrl.collectors.trace_collector import TraceCollector, summarize_episodes
+from compactrl.collectors.episodes import summarize_episodes
+from compactrl.collectors.trace_collector import TraceCollector
 from compactrl.eval.episodes import evaluate_policy
 from compactrl.provenance import machine_stamp, stamp_markdown
 from compactrl.training.config import EnvConfig, TrainConfig, override

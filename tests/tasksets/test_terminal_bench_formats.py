@@ -159,7 +159,7 @@ def test_eval_cli_on_a_set_reports_bad_tasks_notes_and_grading(tmp_path, capsys,
 
 
 def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks_image() -> None:
-    from compactrl.collectors.trace_collector import EpisodeStats
+    from compactrl.collectors.episodes import EpisodeStats
     from compactrl.eval.tasks import _record
 
     task = load_task_dir(PAYLOAD)

@@ -12,7 +12,7 @@ import pytest
 from compactrl.sandbox.local import LocalSandbox
 from compactrl.task import Check, Task
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loaders"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasksets"))
 from loader_helpers import local_unavailable  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300),

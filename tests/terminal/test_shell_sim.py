@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compactrl.sandbox.base import ExecResult
-from compactrl.shell_sim import SUPPORTED_COMMANDS, ShellEmulator, execute
+from compactrl.shell_sim import SUPPORTED_COMMANDS, ShellEmulator, ShellResult, execute
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,7 +18,7 @@ TREE = {
 }
 
 
-def run(cmd: str, files: dict[str, str] | None = None) -> ExecResult:
+def run(cmd: str, files: dict[str, str] | None = None) -> ShellResult:
     return ShellEmulator(dict(TREE) if files is None else files).run(cmd)
 
 
@@ -45,7 +44,7 @@ def test_documented_commands(cmd: str, out: str) -> None:
 
 
 def test_errors_are_observations_with_bash_exit_codes() -> None:
-    assert run("nosuchcmd x") == ExecResult("bash: line 1: nosuchcmd: command not found\n", 127)
+    assert run("nosuchcmd x") == ShellResult("bash: line 1: nosuchcmd: command not found\n", 127)
     assert run("cat missing.txt").exit_code == 1
     assert run("cat missing.txt").output == "cat: missing.txt: No such file or directory\n"
     assert run("grep x missing.txt").exit_code == 2
@@ -82,6 +81,21 @@ def test_execute_keeps_one_session_per_files_dict() -> None:
     assert execute(b, "ls").output == "data\nlogs\nnotes.txt\n"
 
 
+@pytest.mark.parametrize("cmd", ["ls logs", "nosuchcmd", "seq 400000", "while true; do :; done"])
+def test_the_sim_sandbox_gives_the_shell_result_as_an_exec_result(cmd: str) -> None:
+    from compactrl.sandbox.base import ExecResult
+    from compactrl.sandbox.sim import SimSandbox
+    from compactrl.task import Task
+
+    sandbox = SimSandbox(judge=lambda task, files: None)
+    sandbox.start(Task(id="t", kind="code", instruction="", files=dict(TREE)))
+    got = sandbox.exec(cmd, timeout_s=600)  # the loop ends at the iteration cap, not the clock
+    want = ShellEmulator(dict(TREE)).run(cmd, timeout_s=600)
+    assert type(got) is ExecResult
+    assert (got.output, got.exit_code, got.timed_out, got.truncated) == (
+        want.output, want.exit_code, want.timed_out, want.truncated)
+
+
 def test_output_is_capped() -> None:
     sh = ShellEmulator({}, max_output_chars=1000)
     res = sh.run("seq 100000")
@@ -95,10 +109,10 @@ def test_supported_commands_are_listed() -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(st.text(max_size=80))
-def test_any_command_text_gives_an_exec_result(text: str) -> None:
+def test_any_command_text_gives_a_shell_result(text: str) -> None:
     files = dict(TREE)
     res = ShellEmulator(files).run(text)
-    assert isinstance(res, ExecResult) and isinstance(res.output, str) and 0 <= res.exit_code <= 255
+    assert isinstance(res, ShellResult) and isinstance(res.output, str) and 0 <= res.exit_code <= 255
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
 
 
@@ -109,4 +123,4 @@ def test_any_command_text_gives_an_exec_result(text: str) -> None:
                 max_size=12))
 def test_command_soup_never_raises(words: list[str]) -> None:
     res = ShellEmulator(dict(TREE)).run(" ".join(words))
-    assert isinstance(res, ExecResult)
+    assert isinstance(res, ShellResult)

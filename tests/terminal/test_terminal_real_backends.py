@@ -14,7 +14,7 @@ from compactrl.policies.scripted.terminal import TerminalOraclePolicy
 from compactrl.tasksets.generators.terminal import TerminalTaskGenerator
 from compactrl.types import PolicyRequest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "loaders"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasksets"))
 from loader_helpers import docker_unavailable, local_unavailable  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
