@@ -27,8 +27,9 @@ import torch
 
 from compactrl.gateway import Gateway, GatewayConfig, LocalEngine
 from compactrl.gateway.chat import ChatRequest, prompt_ids
+from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
+from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.serving.server import Job, ServeConfig
 from compactrl.tokenizer import load_tokenizer
 

@@ -51,7 +51,7 @@ from compactrl.gateway.chat import (
 from compactrl.gateway.constrain import ToolCallGrammar, ToolChoice, parse_tool_choice
 from compactrl.gateway.engines import Engine, LocalEngine, UpstreamEngine
 from compactrl.gateway.recording import CallRecord, Recorder, SampledChoice, check_session
-from compactrl.policies.transformers_policy import Generated, SamplingConfig
+from compactrl.policies.sampling import Generated, SamplingConfig
 from compactrl.serving.server import (
     MIN_LOGPROB,
     ApiServer,

@@ -17,7 +17,8 @@ import torch
 
 from compactrl.gateway.constrain import TokenMasks, ToolCallGrammar, ToolChoice, constrained_generate
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
-from compactrl.policies.transformers_policy import Generated, TransformersPolicy
+from compactrl.policies.sampling import Generated
+from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.serving.server import CompletionEngine, Job, PolicyEngine, RequestError
 
 

@@ -43,12 +43,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from compactrl.policies.transformers_policy import (
-    Generated,
-    SamplingConfig,
-    TransformersPolicy,
-    generate_tokens,
-)
+from compactrl.policies.sampling import Generated, SamplingConfig
+from compactrl.policies.transformers_policy import TransformersPolicy, generate_tokens
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from compactrl.gateway.constrain import (
     parse_tool_choice,
 )
 from compactrl.gateway.recording import load_session
-from compactrl.policies.transformers_policy import Generated, SamplingConfig
+from compactrl.policies.sampling import Generated, SamplingConfig
 from compactrl.serving.server import RequestError, ServeConfig
 
 ANSWER = {"type": "function", "function": {"name": "final_answer", "parameters": {

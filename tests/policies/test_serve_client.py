@@ -17,8 +17,9 @@ from compactrl.policies.openai_client import (
     completion_payload,
     parse_choice,
 )
+from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
+from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.serving.server import ServeConfig, load_policy, make_server
 from compactrl.types import PolicyRequest, TokenResponse
 

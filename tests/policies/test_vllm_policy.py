@@ -11,7 +11,8 @@ import pytest
 import torch
 from policy_helpers import cached_tiny
 
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
+from compactrl.policies.sampling import SamplingConfig
+from compactrl.policies.transformers_policy import TransformersPolicy
 from compactrl.serving.vllm import engine as wire
 from compactrl.serving.vllm.policy import (
     VLLMEngineConfig,

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from compactrl.policies.moe_weights import buckets, checkpoint_weights
-from compactrl.policies.transformers_policy import (
+from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
     budgets,
