@@ -24,7 +24,6 @@ KNOWN_PRIVATE: set[tuple[str, str]] = {
     ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Episode"),
     ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Planned"),
     ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Slot"),
-    ("compactrl.policies.scripted.code", "compactrl.tasksets.generators._facts.code_value"),
     ("compactrl.tasksets.terminal_bench.dockerfile", "compactrl.sandbox._shell.HEREDOC"),
     ("compactrl.tasksets.terminal_bench.local_build", "compactrl.sandbox._shell.HEREDOC"),
 }
