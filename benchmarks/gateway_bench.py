@@ -30,7 +30,8 @@ from compactrl.gateway.chat import ChatRequest, prompt_ids
 from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.serving.server import Job, ServeConfig
+from compactrl.serving.completions import Job
+from compactrl.serving.server import ServeConfig
 from compactrl.tokenizer import load_tokenizer
 
 MESSAGES = [{"role": "system", "content": "You are a coding agent. Answer with one shell command."},

@@ -32,7 +32,7 @@ import torch
 
 from compactrl.policies.sampling import Generated, SamplingConfig, draw, sampling_log_probs
 from compactrl.policies.transformers_policy import positions_from_mask
-from compactrl.serving.server import RequestError
+from compactrl.serving.completions import RequestError
 
 CALL_HEAD = '<tool_call>\n{"name": '
 CALL_ARGS = ', "arguments": '

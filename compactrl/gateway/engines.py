@@ -1,6 +1,6 @@
 """What generates behind the gateway: an in-process policy or an upstream completions server.
 
-Both take :class:`~compactrl.serving.server.Job` lists and return one future of
+Both take :class:`~compactrl.serving.completions.Job` lists and return one future of
 :class:`~compactrl.policies.transformers_policy.Generated` per job, so the routes do not know which
 one they talk to.
 """
@@ -19,7 +19,8 @@ from compactrl.gateway.constrain import TokenMasks, ToolCallGrammar, ToolChoice,
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
 from compactrl.policies.sampling import Generated
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.serving.server import CompletionEngine, Job, PolicyEngine, RequestError
+from compactrl.serving.batching import CompletionEngine, PolicyEngine
+from compactrl.serving.completions import Job, RequestError
 
 
 class Engine(Protocol):

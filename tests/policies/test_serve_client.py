@@ -20,7 +20,8 @@ from compactrl.policies.openai_client import (
 from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.serving.server import ServeConfig, load_policy, make_server
+from compactrl.serving.cli import load_policy
+from compactrl.serving.server import ServeConfig, make_server
 from compactrl.types import PolicyRequest, TokenResponse
 
 FP32_TOL = 1e-4
