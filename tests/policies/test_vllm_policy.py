@@ -13,14 +13,9 @@ from policy_helpers import cached_tiny
 
 from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.transformers_policy import TransformersPolicy
-from compactrl.serving.vllm import engine as wire
-from compactrl.serving.vllm.policy import (
-    VLLMEngineConfig,
-    learner_log_probs,
-    max_abs_diff,
-    probe_sequences,
-    sampling_kwargs,
-)
+from compactrl.serving.vllm import wire
+from compactrl.serving.vllm.client import VLLMEngineConfig
+from compactrl.serving.vllm.policy import learner_log_probs, max_abs_diff, probe_sequences, sampling_kwargs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
