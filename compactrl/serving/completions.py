@@ -64,6 +64,22 @@ class Job:
         return (self.sampling, self.report, self.stop_ids, self.top_logprobs, self.seed)
 
 
+@dataclass(frozen=True)
+class ResponseOptions:
+    """How a request asks its response to be written (the same for every choice)."""
+
+    logprobs: bool
+    """``choices[i].logprobs`` is filled (the request set ``logprobs``)."""
+    return_token_ids: bool
+    """``choices[i].token_ids`` and ``prompt_token_ids`` are added (vLLM's ``return_token_ids``)."""
+    tokens_as_ids: bool
+    """Log-prob tokens are spelled ``"token_id:123"`` (vLLM's ``return_tokens_as_token_ids``)."""
+    skip_special_tokens: bool
+    """The text leaves special tokens out (vLLM's ``skip_special_tokens``, on by default)."""
+    extra_stop: frozenset[int]
+    """The request's own ``stop_token_ids``: a choice that ends on one names it as ``stop_reason``."""
+
+
 def _number(body: dict, name: str, default, kind=float, lo=None, hi=None):
     value = body.get(name, default)
     if value is None:
@@ -97,7 +113,8 @@ def parse_prompts(prompt: Any, tokenizer) -> list[list[int]]:
 
 
 def parse_completion_request(body: Any, *, tokenizer, model_name: str, context_length: int,
-                             default_stop_ids: tuple[int, ...], config: ServeConfig) -> tuple[list[Job], dict]:
+                             default_stop_ids: tuple[int, ...], config: ServeConfig,
+                             ) -> tuple[list[Job], ResponseOptions]:
     """Validate a ``/v1/completions`` body; returns one job per prompt and the response options."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -139,7 +156,7 @@ def parse_completion_request(body: Any, *, tokenizer, model_name: str, context_l
                 param="max_tokens",
             )
         jobs.append(Job(p, max_tokens, sampling, report, tuple(sorted(stop)), top_logprobs, seed))
-    options = dict(
+    options = ResponseOptions(
         logprobs=logprobs is not None,
         return_token_ids=bool(body.get("return_token_ids")),
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
@@ -173,24 +190,25 @@ def choice_logprobs(gen: Generated, tokenizer, tokens_as_ids: bool) -> dict:
     return {"text_offset": offsets, "token_logprobs": list(gen.log_probs), "tokens": tokens, "top_logprobs": top}
 
 
-def completion_choice(index: int, job: Job, gen: Generated, tokenizer, options: dict) -> dict:
+def completion_choice(index: int, job: Job, gen: Generated, tokenizer, options: ResponseOptions) -> dict:
     ids = gen.token_ids
     body = ids[:-1] if gen.finished else ids
-    text = tokenizer.decode(body, skip_special_tokens=options["skip_special_tokens"])
+    text = tokenizer.decode(body, skip_special_tokens=options.skip_special_tokens)
     choice: dict[str, Any] = {
         "index": index,
         "text": text,
-        "logprobs": choice_logprobs(gen, tokenizer, options["tokens_as_ids"]) if options["logprobs"] else None,
+        "logprobs": choice_logprobs(gen, tokenizer, options.tokens_as_ids) if options.logprobs else None,
         "finish_reason": "stop" if gen.finished else "length",
-        "stop_reason": ids[-1] if gen.finished and ids[-1] in options["extra_stop"] else None,
+        "stop_reason": ids[-1] if gen.finished and ids[-1] in options.extra_stop else None,
     }
-    if options["return_token_ids"]:
+    if options.return_token_ids:
         choice["token_ids"] = list(ids)
         choice["prompt_token_ids"] = list(job.prompt)
     return choice
 
 
-def completion_response(model_name: str, jobs: list[Job], gens: list[Generated], tokenizer, options: dict) -> dict:
+def completion_response(model_name: str, jobs: list[Job], gens: list[Generated], tokenizer,
+                        options: ResponseOptions) -> dict:
     prompt_tokens = sum(len(j.prompt) for j in jobs)
     completion_tokens = sum(len(g.token_ids) for g in gens)
     return {
