@@ -1,7 +1,7 @@
 """What generates behind the gateway: an in-process policy or an upstream completions server.
 
 Both take :class:`~compactrl.serving.completions.Job` lists and return one future of
-:class:`~compactrl.policies.transformers_policy.Generated` per job, so the routes do not know which
+:class:`~compactrl.policies.sampling.Generated` per job, so the routes do not know which
 one they talk to.
 """
 
