@@ -27,9 +27,11 @@ import torch
 
 from compactrl.gateway import Gateway, GatewayConfig, LocalEngine
 from compactrl.gateway.chat import ChatRequest, prompt_ids
+from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
-from compactrl.serving.server import Job, ServeConfig
+from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.completions import Job
+from compactrl.serving.server import ServeConfig
 from compactrl.tokenizer import load_tokenizer
 
 MESSAGES = [{"role": "system", "content": "You are a coding agent. Answer with one shell command."},

@@ -31,7 +31,7 @@ import torch
 
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import InferenceEngine, RayCollector, local_ray
-from compactrl.policies.transformers_policy import SamplingConfig
+from compactrl.policies.sampling import SamplingConfig
 from compactrl.training import trainer as T
 from compactrl.training.config import override, preset
 

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS / "vllm_engine_bench"))
     p.add_argument("--merge", action="store_true", help="keep the other parts of an existing result file")
     args = p.parse_args(argv)
-    from compactrl.serving.vllm.policy import engine_env_missing
+    from compactrl.serving.vllm.client import engine_env_missing
     from compactrl.tokenizer import load_tokenizer
 
     missing = engine_env_missing()

@@ -19,7 +19,7 @@ import sys
 SUBCOMMANDS = {
     "train": ("compactrl.training.cli", "train a policy (SFT warm start, then PPO or GRPO)"),
     "eval": ("compactrl.eval.cli", "evaluate a policy (scripted, a saved model, a server) on an env or a task set"),
-    "serve": ("compactrl.serving.server", "serve a local Hugging Face model over an OpenAI-compatible API"),
+    "serve": ("compactrl.serving.cli", "serve a local Hugging Face model over an OpenAI-compatible API"),
     "gateway": ("compactrl.gateway.app", "OpenAI-compatible chat gateway that records black-box agents' calls"),
     "bench": ("compactrl.bench", "run a benchmark script from benchmarks/"),
     "tasks": ("compactrl.cli_tasks", "prepare task sets: SWE-bench rows' environments and work trees"),

@@ -13,7 +13,7 @@ PY=${PYTHON:-python3}
 if [[ "${1:-}" == "--vllm" ]]; then
   # The inference engine's own environment, ./.venv-vllm (idempotent). vLLM pins its own torch and a
   # transformers older than compactrl's, so it cannot share .venv; the engine process imports only
-  # compactrl/serving/vllm/engine.py (vllm, torch and the standard library). See docs/policies.md.
+  # compactrl/serving/vllm/engine.py and wire.py (vllm, torch and the standard library). See docs/policies.md.
   VLLM_VERSION=0.32.0
   VENV=${COMPACTRL_VLLM_VENV:-.venv-vllm}
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

@@ -19,8 +19,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("compactrl.sandbox.docker", "compactrl.tasksets.terminal_bench.base_images"),
 }
 KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("compactrl.gateway.constrain", "compactrl.policies.transformers_policy._draw"),
-    ("compactrl.policies.scripted.code", "compactrl.tasksets.generators._facts.code_value"),
     ("compactrl.tasksets.terminal_bench.dockerfile", "compactrl.sandbox._shell.HEREDOC"),
     ("compactrl.tasksets.terminal_bench.local_build", "compactrl.sandbox._shell.HEREDOC"),
 }

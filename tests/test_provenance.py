@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from compactrl.provenance import cpu_flags, cpu_model, has_avx512_or_amx, machine_stamp, stamp_markdown
+from compactrl.serving.vllm.client import VLLMEngineConfig
 from compactrl.serving.vllm.policy import (
     DEFAULT_SYNC_TOLERANCE,
     FP8_KV_SYNC_TOLERANCE,
-    VLLMEngineConfig,
     default_sync_tolerance,
 )
 

@@ -289,7 +289,8 @@ def vllm_engine(model_dir: str, index: int, *, engine_kwargs: Mapping[str, Any] 
     ``FileNotFoundError`` saying how to build it. Ray's restart of a dead actor starts a new engine
     process. Tensor parallelism inside one engine is vLLM's own and is not wired: one device per engine.
     """
-    from compactrl.serving.vllm.policy import VLLMEngineConfig, VLLMPolicy, engine_env_missing
+    from compactrl.serving.vllm.client import VLLMEngineConfig, engine_env_missing
+    from compactrl.serving.vllm.policy import VLLMPolicy
 
     missing = engine_env_missing((engine_kwargs or {}).get("python") or None)
     if missing:  # the clear error, before any tokenizer or engine is built

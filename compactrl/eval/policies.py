@@ -76,7 +76,7 @@ def _scripted(spec: PolicySpec):
 def _saved_model(spec: PolicySpec):
     """A model directory as ``compactrl serve --model`` loads it, sampling as ``spec`` says."""
     from compactrl.policies.transformers_policy import TransformersPolicy
-    from compactrl.serving.server import load_policy
+    from compactrl.serving.cli import load_policy
 
     args = argparse.Namespace(model=spec.name, tiny=None, tokenizer=spec.tokenizer, dtype="float32", seed=spec.seed)
     loaded, _ = load_policy(args)

@@ -51,19 +51,15 @@ from compactrl.gateway.chat import (
 from compactrl.gateway.constrain import ToolCallGrammar, ToolChoice, parse_tool_choice
 from compactrl.gateway.engines import Engine, LocalEngine, UpstreamEngine
 from compactrl.gateway.recording import CallRecord, Recorder, SampledChoice, check_session
-from compactrl.policies.transformers_policy import Generated, SamplingConfig
-from compactrl.serving.server import (
+from compactrl.policies.sampling import Generated, SamplingConfig
+from compactrl.serving.completions import (
     MIN_LOGPROB,
-    ApiServer,
-    CompletionBody,
     Job,
     RequestError,
-    ServeConfig,
-    api_app,
-    await_all,
     completion_response,
     parse_completion_request,
 )
+from compactrl.serving.server import ApiServer, CompletionBody, ServeConfig, api_app, await_all
 from compactrl.wrappers.chat_format import chat_format
 
 logger = logging.getLogger(__name__)
@@ -390,7 +386,7 @@ def _pieces(text: str, lps: list | None) -> Iterator[tuple[str, list | None]]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from compactrl.serving.server import add_model_arguments, add_server_arguments
+    from compactrl.serving.cli import add_model_arguments, add_server_arguments
 
     source = parser.add_mutually_exclusive_group(required=True)
     add_model_arguments(parser, source)
@@ -429,11 +425,12 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
         tok = load_tokenizer(args.tokenizer)
         model = args.upstream_model or upstream_model(args.upstream, tok)
         return UpstreamEngine(args.upstream, model, tok, context_length=args.context_length), model
-    from compactrl.serving.server import load_policy
+    from compactrl.serving.cli import load_policy
 
     policy, name = load_policy(args)
     if getattr(args, "engine", "transformers") == "vllm":
-        from compactrl.serving.server import PolicyEngine, vllm_served
+        from compactrl.serving.batching import PolicyEngine
+        from compactrl.serving.cli import vllm_served
 
         return PolicyEngine(vllm_served(policy, args), max_batch_size=args.max_batch_size,
                             batch_wait_ms=args.batch_wait_ms, owns_policy=True), name
@@ -444,7 +441,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from compactrl.serving.server import serve_config, serve_until_signal
+    from compactrl.serving.cli import serve_config, serve_until_signal
 
     if args.threads:
         torch.set_num_threads(args.threads)

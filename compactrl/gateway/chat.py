@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from compactrl.serving.server import RequestError
+from compactrl.serving.completions import RequestError
 from compactrl.wrappers.chat_format import ChatFormat
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)

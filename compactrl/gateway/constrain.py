@@ -30,14 +30,9 @@ from typing import Any
 
 import torch
 
-from compactrl.policies.transformers_policy import (
-    Generated,
-    SamplingConfig,
-    _draw,
-    positions_from_mask,
-    sampling_log_probs,
-)
-from compactrl.serving.server import RequestError
+from compactrl.policies.sampling import Generated, SamplingConfig, draw, sampling_log_probs
+from compactrl.policies.transformers_policy import positions_from_mask
+from compactrl.serving.completions import RequestError
 
 CALL_HEAD = '<tool_call>\n{"name": '
 CALL_ARGS = ', "arguments": '
@@ -378,7 +373,7 @@ def constrained_generate(model, prompt: Sequence[int], max_tokens: int, *, masks
             break
         logits = out.logits[:, -1].float().masked_fill(~allowed, float("-inf"))
         logp = sampling_log_probs(logits, sampling)
-        tok = _draw(logp, sampling, generator)
+        tok = draw(logp, sampling, generator)
         if report != sampling:
             logp = sampling_log_probs(logits, report)
         t = int(tok[0])

@@ -1,7 +1,7 @@
 """What generates behind the gateway: an in-process policy or an upstream completions server.
 
-Both take :class:`~compactrl.serving.server.Job` lists and return one future of
-:class:`~compactrl.policies.transformers_policy.Generated` per job, so the routes do not know which
+Both take :class:`~compactrl.serving.completions.Job` lists and return one future of
+:class:`~compactrl.policies.sampling.Generated` per job, so the routes do not know which
 one they talk to.
 """
 
@@ -17,8 +17,10 @@ import torch
 
 from compactrl.gateway.constrain import TokenMasks, ToolCallGrammar, ToolChoice, constrained_generate
 from compactrl.policies.openai_client import OpenAICompletionsPolicy
-from compactrl.policies.transformers_policy import Generated, TransformersPolicy
-from compactrl.serving.server import CompletionEngine, Job, PolicyEngine, RequestError
+from compactrl.policies.sampling import Generated
+from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.batching import CompletionEngine, PolicyEngine
+from compactrl.serving.completions import Job, RequestError
 
 
 class Engine(Protocol):

@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from compactrl.policies.transformers_policy import (
+from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
     budgets,

@@ -1,13 +1,8 @@
 """A policy around any local Hugging Face causal LM: batched sampling with exact log-probs, and the
 differentiable ``log_prob`` the losses train with.
 
-Log-prob semantics (one rule for every policy in compactrl): the log-probs returned at sampling are
-those of the distribution the token was actually drawn from, ``log_softmax(truncate(logits / T))``
-where ``truncate`` keeps the ``top_k`` / ``top_p`` set (vLLM's ``logprobs_mode="processed_logprobs"``).
-Greedy decoding (``temperature=0``) reports the ``T=1`` distribution. ``log_prob`` recomputes the same
-quantity (same temperature and truncation, by default the policy's own), so the PPO ratio compares
-like with like. With the defaults ``temperature=1, top_k=0, top_p=1`` it is the plain model
-log-likelihood.
+Sampling and ``log_prob`` follow the one log-prob rule of :mod:`compactrl.policies.sampling`: the
+log-probs are those of the distribution the token was drawn from (temperature, top-k, top-p).
 
 Generation is a hand-written loop over ``model.forward`` with a ``DynamicCache``: prompts of unequal
 length are left-padded, position ids count real tokens only (so they equal the right-padded training
@@ -17,76 +12,28 @@ positions), finished rows leave the batch, and each row stops at its own end-of-
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from compactrl.types import PolicyRequest, TokenResponse
+from compactrl.policies.sampling import (
+    Generated,
+    SamplingConfig,
+    budgets,
+    default_stop_ids,
+    draw,
+    prompt_ids_for,
+    sampling_log_probs,
+    to_token_response,
+)
+from compactrl.types import PolicyRequest
 
 logger = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How the next token is drawn."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (argmax)."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p`` (1 = off)."""
-    top_k: int = 0
-    """Keep the ``top_k`` most likely tokens (0 = off)."""
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def logprob_temperature(self) -> float:
-        """Temperature of the distribution whose log-probs are reported (1 when greedy)."""
-        return 1.0 if self.greedy else self.temperature
-
-
 # --------------------------------------------------------------------------------------------------
 # pure maths shared by sampling and training
-
-
-def truncate_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Set logits outside the top-k / top-p set to the dtype's lowest finite value.
-
-    A finite floor (not ``-inf``) keeps ``0 * log_prob`` finite for masked-out positions in losses.
-    """
-    if top_k <= 0 and top_p >= 1.0:
-        return logits
-    floor = torch.finfo(logits.dtype).min
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, floor)
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # drop a token when the mass strictly before it already reaches top_p (the top one always stays)
-        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, floor)
-    return logits
-
-
-def sampling_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """Log-probs over the vocabulary of the distribution ``sampling`` draws from (float32)."""
-    scaled = logits.float() / sampling.logprob_temperature
-    return torch.log_softmax(truncate_logits(scaled, sampling.top_k, sampling.top_p), dim=-1)
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -141,18 +88,6 @@ def router_aux_loss(model: nn.Module, router_logits: Any, attention_mask: torch.
 # batched generation
 
 
-@dataclass
-class Generated:
-    """One generated continuation."""
-
-    token_ids: list[int]
-    log_probs: list[float]
-    finished: bool
-    """The last token is a stop (end-of-turn) token."""
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    """Per step, the ``k`` most likely (id, log-prob) pairs of the sampling distribution, when asked."""
-
-
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -162,15 +97,6 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[to
             ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
             mask[i, width - len(p):] = 1
     return ids.to(device), mask.to(device)
-
-
-def _draw(logp: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    if sampling.greedy:
-        return logp.argmax(-1)
-    # inverse CDF: one uniform per row (torch.multinomial costs ~4 ms per [32, 4096] call on CPU)
-    cdf = logp.exp().cumsum(-1)
-    u = torch.rand((logp.shape[0], 1), generator=generator, device=logp.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logp.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -219,7 +145,7 @@ def generate_tokens(
             rows, mask, next_pos, budget = rows[keep], mask[keep], next_pos[keep], budget[keep]
             out.logits = out.logits[keep]
         logp = sampling_log_probs(out.logits[:, -1], sampling)
-        tok = _draw(logp, sampling, generator)
+        tok = draw(logp, sampling, generator)
         if report is not None and report != sampling:
             logp = sampling_log_probs(out.logits[:, -1], report)
         tok_lp = logp.gather(-1, tok[:, None]).squeeze(-1)
@@ -246,42 +172,6 @@ def generate_tokens(
 
 # --------------------------------------------------------------------------------------------------
 # the policy
-
-
-def default_stop_ids(tokenizer, model=None) -> list[int]:
-    """End-of-turn ids: the chat format's token spec (end-of-turn and eos ids) plus the model's eos ids
-    (:func:`compactrl.wrappers.chat_format.stop_ids`, the one place they are worked out)."""
-    from compactrl.wrappers.chat_format import stop_ids
-
-    return stop_ids(tokenizer, model)
-
-
-def prompt_ids_for(request: PolicyRequest, tokenizer) -> list[int]:
-    """The request's exact prompt ids, or its messages rendered with the chat template."""
-    if request.prompt_token_ids is not None:
-        return [int(t) for t in request.prompt_token_ids]
-    enc = tokenizer.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=True)
-    ids = enc["input_ids"] if not isinstance(enc, list) else enc
-    return [int(t) for t in ids]
-
-
-def to_token_response(gen: Generated, tokenizer, stop_ids: Iterable[int]) -> TokenResponse:
-    """Text is the decode of the ids without the end-of-turn token; ids and log-probs are kept whole."""
-    body = gen.token_ids[:-1] if gen.finished and gen.token_ids and gen.token_ids[-1] in set(stop_ids) \
-        else gen.token_ids
-    text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return TokenResponse(text, gen.token_ids, gen.log_probs, finished=gen.finished)
-
-
-def budgets(requests: Sequence[PolicyRequest], prompt_lens: Sequence[int], cap: int, context: int) -> list[int]:
-    """New-token budget per request: the request's (if any) within the policy's cap and the context."""
-    out = []
-    for req, n in zip(requests, prompt_lens):
-        if n >= context:
-            raise ValueError(f"prompt of {n} tokens does not fit the model's context of {context} tokens")
-        want = cap if req.max_new_tokens is None else min(int(req.max_new_tokens), cap)
-        out.append(max(0, min(want, context - n)))
-    return out
 
 
 def batch_chunks(lengths_desc: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:

@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ninterrupted; continue with: compactrl train --resume --out {out}")  # noqa: T201
         return 130
     except RuntimeError as exc:
-        from compactrl.serving.vllm.policy import EngineFailure
+        from compactrl.serving.vllm.client import EngineFailure
 
         if not isinstance(exc, EngineFailure):
             raise

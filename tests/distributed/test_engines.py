@@ -53,7 +53,7 @@ def _rows(batch, episode_id: int) -> list[torch.Tensor]:
 
 
 def _greedy_engine(cfg_json: str, index: int):
-    from compactrl.policies.transformers_policy import SamplingConfig
+    from compactrl.policies.sampling import SamplingConfig
 
     policy = T.worker_policy(cfg_json, index)
     policy.sampling = SamplingConfig(temperature=0.0)  # greedy: an episode is a function of the weights

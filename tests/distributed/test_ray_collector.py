@@ -68,7 +68,7 @@ def test_scripted_episodes_equal_the_single_process_ones_group_by_group(ray_clus
 
 
 def _greedy(policy):
-    from compactrl.policies.transformers_policy import SamplingConfig
+    from compactrl.policies.sampling import SamplingConfig
 
     policy.sampling = SamplingConfig(temperature=0.0)  # greedy: an episode is a function of the weights
     return policy

@@ -21,8 +21,9 @@ from compactrl.gateway.constrain import (
     parse_tool_choice,
 )
 from compactrl.gateway.recording import load_session
-from compactrl.policies.transformers_policy import Generated, SamplingConfig
-from compactrl.serving.server import RequestError, ServeConfig
+from compactrl.policies.sampling import Generated, SamplingConfig
+from compactrl.serving.completions import RequestError
+from compactrl.serving.server import ServeConfig
 
 ANSWER = {"type": "function", "function": {"name": "final_answer", "parameters": {
     "type": "object", "properties": {"answer": {"type": "string"}, "n": {"type": "integer"}}, "required": ["answer"]}}}

@@ -23,7 +23,7 @@ import torch
 
 
 def _missing() -> str | None:
-    from compactrl.serving.vllm.policy import engine_env_missing
+    from compactrl.serving.vllm.client import engine_env_missing
 
     if shutil.which("nvidia-smi") is None or subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode:
         return "no CUDA GPU (nvidia-smi lists none)"

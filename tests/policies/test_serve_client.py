@@ -1,5 +1,6 @@
 import argparse
 import os
+import queue
 import signal
 import threading
 import time
@@ -17,12 +18,26 @@ from compactrl.policies.openai_client import (
     completion_payload,
     parse_choice,
 )
+from compactrl.policies.sampling import SamplingConfig
 from compactrl.policies.tiny_moe import tiny_moe
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
-from compactrl.serving.server import ServeConfig, load_policy, make_server
+from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.batching import gather
+from compactrl.serving.cli import load_policy
+from compactrl.serving.completions import Job
+from compactrl.serving.server import ServeConfig, make_server
 from compactrl.types import PolicyRequest, TokenResponse
 
 FP32_TOL = 1e-4
+
+
+def test_a_batch_is_gathered_in_arrival_order_up_to_its_size():
+    jobs: queue.Queue[Job] = queue.Queue()
+    assert gather(jobs, max_batch_size=4, wait_s=0.0) == []  # nothing within 0.1 s
+    made = [Job([i + 1], 1, SamplingConfig(), SamplingConfig(), (0,), 0, None) for i in range(5)]
+    for job in made:
+        jobs.put(job)
+    assert gather(jobs, max_batch_size=3, wait_s=0.0) == made[:3]
+    assert gather(jobs, max_batch_size=3, wait_s=0.0) == made[3:]
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_helpers import cached_tiny, random_prompts, right_padded
 
-from compactrl.policies.transformers_policy import (
-    SamplingConfig,
-    TransformersPolicy,
-    _draw,
-    batch_chunks,
-    positions_from_mask,
-    sampling_log_probs,
-    truncate_logits,
-)
+from compactrl.policies.sampling import SamplingConfig, draw, sampling_log_probs, truncate_logits
+from compactrl.policies.transformers_policy import TransformersPolicy, batch_chunks, positions_from_mask
 from compactrl.types import Policy, PolicyRequest, TokenResponse
 
 FP32_TOL = 1e-4
@@ -234,7 +227,7 @@ def test_draw_matches_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     logp = probs.log().expand(20000, 5).contiguous()
     gen = torch.Generator().manual_seed(0)
-    draws = _draw(logp, SamplingConfig(), gen)
+    draws = draw(logp, SamplingConfig(), gen)
     freq = torch.bincount(draws, minlength=5).float() / len(draws)
     assert freq[4] == 0
     assert torch.allclose(freq, probs, atol=0.015), freq

@@ -4,22 +4,41 @@ in tests/vllm (it needs the engine environment, ``bash scripts/setup.sh --vllm``
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
 from policy_helpers import cached_tiny
 
-from compactrl.policies.transformers_policy import SamplingConfig, TransformersPolicy
-from compactrl.serving.vllm import engine as wire
-from compactrl.serving.vllm.policy import (
-    VLLMEngineConfig,
-    learner_log_probs,
-    max_abs_diff,
-    probe_sequences,
-    sampling_kwargs,
-)
+from compactrl.policies.sampling import SamplingConfig
+from compactrl.policies.transformers_policy import TransformersPolicy
+from compactrl.serving.vllm import wire
+from compactrl.serving.vllm.client import ENGINE_SCRIPT, VLLMEngineConfig
+from compactrl.serving.vllm.policy import learner_log_probs, max_abs_diff, probe_sequences, sampling_kwargs
+
+
+def test_the_engine_script_runs_by_path_outside_the_package(tmp_path):
+    """As the engine process starts it (``python -P`` on the file, no compactrl on the path), the script
+    finds its protocol module beside itself and answers a ``start`` that fails (no vllm here, or no
+    model in the folder) with an error answer over the socket, the traceback included."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen([sys.executable, "-P", str(ENGINE_SCRIPT), "--fd", str(theirs.fileno())],
+                            pass_fds=[theirs.fileno()], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    theirs.close()
+    try:
+        ours.settimeout(60)
+        wire.send_msg(ours, {"op": "start", "llm_kwargs": {"model": str(tmp_path)}})
+        answer = wire.recv_msg(ours)
+    finally:
+        ours.close()
+        proc.wait(timeout=60)
+    assert answer["ok"] is False and answer["error"]  # no vllm in this environment, or no model in tmp_path
+    assert "Traceback" in answer["traceback"] and proc.returncode == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])

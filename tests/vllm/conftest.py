@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from compactrl.serving.vllm.policy import engine_env_missing
+from compactrl.serving.vllm.client import engine_env_missing
 
 MISSING = engine_env_missing()
 

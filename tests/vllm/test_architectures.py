@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from compactrl.provenance import has_avx512_or_amx
-from compactrl.serving.vllm.policy import EngineError, VLLMPolicy, learner_log_probs, max_abs_diff
+from compactrl.serving.vllm.client import EngineError
+from compactrl.serving.vllm.policy import VLLMPolicy, learner_log_probs, max_abs_diff
 
 pytestmark = pytest.mark.timeout(900)
 MLA_TOL = 1e-4

@@ -109,7 +109,8 @@ def test_the_completions_server_over_the_engine(engines, tokenizer):
     """``compactrl serve --engine vllm``'s server (and the gateway's engine): token ids over HTTP, the
     engine's ids and log-probs back, equal to the learner's within 1e-5."""
     from compactrl.policies.openai_client import OpenAICompletionsPolicy
-    from compactrl.serving.server import EngineServer, PolicyEngine, ServeConfig
+    from compactrl.serving.batching import PolicyEngine
+    from compactrl.serving.server import EngineServer, ServeConfig
 
     s = engines("qwen3_moe")
     s.policy.sync_weights(s.model)

@@ -30,7 +30,7 @@ def _engine_pids(parent: int, mark: str | None = None) -> list[int]:
         try:
             ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             cmd = (d / "cmdline").read_bytes()
-            if ppid == parent and b"vllm_engine.py" in cmd and (
+            if ppid == parent and b"serving/vllm/engine.py" in cmd and (
                     mark is None or f"{MARK}={mark}".encode() in (d / "environ").read_bytes().split(b"\0")):
                 pids.append(int(d.name))
         except (OSError, IndexError, ValueError):

@@ -31,7 +31,7 @@ from compactrl.policies.scripted.summary import (
     parse_summary,
 )
 from compactrl.policies.scripted.terminal import TerminalOraclePolicy
-from compactrl.tasksets.generators._facts import code_value
+from compactrl.tasksets.generators.facts import code_value
 from compactrl.tools import ToolCall, format_call
 from compactrl.types import Message, PolicyRequest
 
@@ -61,7 +61,12 @@ class Knowledge:
 
 
 def observe(messages: Sequence[Message], facts_meta: list[dict]) -> Knowledge:
-    """Everything the oracle knows: the latest summary plus the tool outputs after it."""
+    """Everything the oracle knows: the latest summary plus the tool outputs after it.
+
+    ``facts_meta`` are the facts the generator recorded in the task (``task.metadata["facts"]``); a
+    fact is known once a line matching its recorded ``pattern`` was seen in its ``file``, its value
+    the stated text under its recorded ``transform``
+    (:func:`~compactrl.tasksets.generators.facts.code_value`)."""
     know = Knowledge()
     start = 0
     for i, msg in enumerate(messages):

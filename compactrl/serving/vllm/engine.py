@@ -2,93 +2,45 @@
 
 This file runs in the engine's own environment (``bash scripts/setup.sh --vllm`` builds
 ``.venv-vllm``: vLLM pins its own torch and a transformers older than compactrl's), started as a
-script by :class:`compactrl.serving.vllm.policy.VLLMEngine`::
+script by :class:`compactrl.serving.vllm.client.VLLMEngine`::
 
-    .venv-vllm/bin/python compactrl/serving/vllm/engine.py --fd N
+    .venv-vllm/bin/python -P compactrl/serving/vllm/engine.py --fd N
 
-It imports the standard library, torch and vllm only (never the compactrl package, whose
-dependencies are not installed there), and the learner side imports it for the wire format alone
-(vllm is imported inside :func:`serve`).
-
-Wire format, both ways: an 8-byte big-endian length, then a pickle of plain Python values (str,
-int, float, bool, bytes, lists, dicts). Tensors travel as ``{"dtype", "shape", "data"}`` (raw bytes),
-so the two sides' torch versions never meet in a pickle. Every request is a dict with an ``op``;
-every answer is ``{"ok": True, ...}`` or ``{"ok": False, "error": "<type>: <message>", "traceback"}``.
-
-Ops:
-
-* ``generate``: token-id prompts (``TokensPrompt``) and one ``SamplingParams`` dict each; answers the
-  sampled ids, the log-probs of the sampled tokens, and the weight version that sampled them;
-* ``score``: token sequences; answers ``log p(seq[t] | seq[:t])`` for ``t >= 1`` from vLLM's prompt
-  log-probs (``SamplingParams(prompt_logprobs=0, max_tokens=1)``);
-* ``stage``: one bucket of ``(checkpoint name, tensor)`` pairs of the next weight version;
-* ``commit``: load the staged weights (see :func:`reload_weights`), take ``version``, reset the
-  prefix cache (no KV computed with old weights is reused);
-* ``info``, ``shutdown``; ``perturb`` (tests only: corrupt one weight in place, to show that the
-  post-sync check catches a bad engine).
+It imports the standard library, torch and vllm only, never the compactrl package, whose
+dependencies are not installed there: the protocol it answers (framing, tensors, ops) is
+:mod:`compactrl.serving.vllm.wire`, loaded from beside this file. :func:`serve` answers one request
+at a time until ``shutdown`` or until the learner closes its end.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
-import pickle
 import socket
-import struct
 import sys
 import time
-import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-HEADER = struct.Struct("!Q")
-MAX_MESSAGE = 1 << 34
-"""Largest message accepted (16 GiB): a length beyond it means a corrupt stream."""
+
+def _load_wire() -> Any:
+    """The protocol module beside this file. Run as a script (``python -P``, in an environment without
+    compactrl) it is loaded by path; imported within compactrl it is the package's own module."""
+    if __package__:
+        from compactrl.serving.vllm import wire
+
+        return wire
+    spec = importlib.util.spec_from_file_location("compactrl_vllm_wire", Path(__file__).with_name("wire.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-# -- wire format (shared with the learner side) ---------------------------------------------------
-
-
-def send_msg(sock: socket.socket, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=5)
-    sock.sendall(HEADER.pack(len(data)))
-    sock.sendall(data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise EOFError(f"connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
-
-
-def recv_msg(sock: socket.socket) -> Any:
-    (n,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    if n > MAX_MESSAGE:
-        raise ValueError(f"message of {n} bytes announced: the stream is corrupt")
-    return pickle.loads(_recv_exact(sock, n))
-
-
-def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
-    """A tensor as plain values (any dtype, bf16 included: its bytes are sent as they are)."""
-    t = t.detach().to("cpu").contiguous()
-    raw = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": raw.numpy().tobytes()}
-
-
-def decode_tensor(d: dict[str, Any]) -> torch.Tensor:
-    dtype = getattr(torch, d["dtype"], None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown tensor dtype {d['dtype']!r}")
-    if not d["data"]:
-        return torch.empty(d["shape"], dtype=dtype)
-    return torch.frombuffer(bytearray(d["data"]), dtype=torch.uint8).view(dtype).reshape(d["shape"])
+wire = _load_wire()
 
 
 # -- the engine (runs in the engine's environment) ------------------------------------------------
@@ -195,7 +147,7 @@ class Engine:
         return {"log_probs": scores, "version": self.version}
 
     def stage(self, tensors: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-        self.staged.extend((name, decode_tensor(t)) for name, t in tensors)
+        self.staged.extend((name, wire.decode_tensor(t)) for name, t in tensors)
         return {"staged": len(self.staged)}
 
     def commit(self, version: int, repack_experts: bool = True) -> dict[str, Any]:
@@ -225,42 +177,33 @@ class Engine:
 
 def serve(sock: socket.socket) -> int:
     """Answer requests until ``shutdown`` or until the learner closes its end."""
-    hello = recv_msg(sock)
+    hello = wire.recv_msg(sock)
     if hello.get("op") != "start":
         raise ValueError(f"the first request must be 'start', got {hello.get('op')!r}")
     try:
         engine = Engine(hello["llm_kwargs"], int(hello.get("version", 0)))
     except Exception as exc:  # noqa: BLE001 - reported to the learner, then exit
-        send_msg(sock, _error(exc))
+        wire.send_msg(sock, wire.error_answer(exc))
         return 1
-    send_msg(sock, {"ok": True, **engine.info()})
+    wire.send_msg(sock, {"ok": True, **engine.info()})
     ops = {"generate": engine.generate, "score": engine.score, "stage": engine.stage, "commit": engine.commit,
            "perturb": engine.perturb, "info": engine.info}
     while True:
         try:
-            req = recv_msg(sock)
+            req = wire.recv_msg(sock)
         except EOFError:  # the learner went away: nothing left to serve
             return 0
         op = req.pop("op", None)
         if op == "shutdown":
-            send_msg(sock, {"ok": True})
+            wire.send_msg(sock, {"ok": True})
             return 0
         if op not in ops:
-            send_msg(sock, {"ok": False, "error": f"ValueError: unknown op {op!r}", "traceback": ""})
+            wire.send_msg(sock, {"ok": False, "error": f"ValueError: unknown op {op!r}", "traceback": ""})
             continue
         try:
-            send_msg(sock, {"ok": True, **ops[op](**req)})
+            wire.send_msg(sock, {"ok": True, **ops[op](**req)})
         except Exception as exc:  # noqa: BLE001 - the learner raises it with the engine's traceback
-            send_msg(sock, _error(exc))
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-
-
-def named_tensors(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, t in items:
-        yield name, encode_tensor(t)
+            wire.send_msg(sock, wire.error_answer(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

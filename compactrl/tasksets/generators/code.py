@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 from compactrl.task import Check, Task
-from compactrl.tasksets.generators._facts import CATALOGUE, FactSpec, code_value, render
 from compactrl.tasksets.generators._filler import Block, _func, config_block, doc_block, doc_paragraph
 from compactrl.tasksets.generators._seeded import SPLITS as SPLITS
 from compactrl.tasksets.generators._seeded import GeneratedTasks as GeneratedTasks
@@ -30,6 +29,7 @@ from compactrl.tasksets.generators._seeded import (
     split_of_seed,
 )
 from compactrl.tasksets.generators._seeded import task_seed_for as task_seed_for
+from compactrl.tasksets.generators.facts import CATALOGUE, FactSpec, code_value, render
 
 LOCATIONS = ("config", "doc", "docstring")
 PACKAGES = (

@@ -6,6 +6,12 @@ with distractor statements that look alike but are wrong (outdated values, neigh
 
 Statements are single lines; ``pattern`` matches the true statement and none of the distractors
 (the generator checks that every fact's pattern matches exactly one line of the project).
+
+What a task records: the generator writes each chosen fact into ``Task.metadata["facts"]`` (``key``,
+``compare``, ``transform``, ``location``, ``file``, ``line``, ``pattern``, ``stated``, ``value``,
+``wrong_value``, ``function``, ``distractors``). Readers of a task (the scripted oracles, the sim's
+grading) take the facts from there, never from :data:`CATALOGUE`; :func:`code_value` turns a stated
+text into the constant under the recorded ``transform``, the same conversion the generator made.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class FactSpec:
 
 
 def code_value(transform: str, stated: str) -> object:
-    """The constant's correct value given the stated text (used by the generator and the oracle)."""
+    """The constant's value given the stated text, under one of the catalogue's transforms (a recorded
+    fact's ``transform``): the generator's conversion, which the scripted oracle repeats on what it reads."""
     if transform == "percent":
         return float(stated) / 100
     if transform == "minutes_to_s":
