@@ -22,7 +22,7 @@ The folder names are the layers::
 The graph is built statically with :mod:`ast`, nothing imported. An edge ``a -> b`` is an import
 statement in ``a`` naming module ``b`` (``import b``, ``from b import x``, ``b.x`` when ``x`` is a
 submodule, relative imports), wherever the statement sits: a function-level import is a dependency
-too. Imports under ``if TYPE_CHECKING:`` do not count; they never run. The implicit imports of parent
+too, and so is a module named in a package's lazy ``_EXPORTS`` table. Imports under ``if TYPE_CHECKING:`` do not count; they never run. The implicit imports of parent
 packages are left out.
 """
 
@@ -120,7 +120,13 @@ def raw_imports(name: str, path: Path) -> list[Import]:
     """Every import statement of module ``name`` (at ``path``), relative ones resolved."""
     is_package = path.name == "__init__.py"
     out = []
-    for node in _statements(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:  # a package's lazy exports, {name: "module"}, are imports run on first use
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            out += [Import(v.value, None, v.lineno) for v in node.value.values
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    for node in _statements(tree):
         if isinstance(node, ast.Import):
             out += [Import(alias.name, None, node.lineno) for alias in node.names]
             continue

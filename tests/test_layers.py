@@ -66,6 +66,9 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"__init__.py": "", "types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import compactrl.training\n",
       "training/__init__.py": "from compactrl import types\n", "training/a.py": "from compactrl.training import b\n",
       "training/b.py": ""}, []),
+    # a name in a package's lazy export table is an import too
+    ({"__init__.py": "", "types.py": "_EXPORTS = {\"X\": \"compactrl.training\"}\n", "training/__init__.py": ""},
+     [("compactrl.types", "compactrl.training", 1)]),
     # a leaf library may import only itself
     ({"__init__.py": "", "types.py": "", "shell_sim/__init__.py": "from compactrl.types import x\n"},
      [("compactrl.shell_sim", "compactrl.types", 1)]),

@@ -1,4 +1,5 @@
-"""Policies: scripted (oracle, random), Hugging Face models, vLLM engines, OpenAI-compatible clients.
+"""Policies: scripted (oracle, random), Hugging Face models, OpenAI-compatible clients. The vLLM engine's
+policy is served from its own process: :class:`compactrl.serving.vllm.policy.VLLMPolicy`.
 
 Names are resolved lazily so that ``import compactrl.policies`` stays cheap and optional
 dependencies (vllm) are imported only when used.
@@ -14,7 +15,6 @@ _EXPORTS = {
     "tiny_moe": "compactrl.policies.tiny_moe",
     "TransformersPolicy": "compactrl.policies.transformers_policy",
     "ValueModel": "compactrl.policies.critic",
-    "VLLMPolicy": "compactrl.serving.vllm.policy",
     "OpenAICompletionsPolicy": "compactrl.policies.openai_client",
 }
 
