@@ -350,7 +350,7 @@ _SEEN: dict[tuple[str, str], Any] = {}
 
 def test_the_config_is_one_tree_with_the_wrapper_and_loss_configs_nested():
     from compactrl.algos.gae import trace_gae
-    from compactrl.training.config import CriticPPOConfig, GRPOConfig
+    from compactrl.algos.loss_config import CriticPPOConfig, GRPOConfig
     from compactrl.wrappers import ContextBudgetConfig
 
     cfg = TrainConfig()
