@@ -16,6 +16,7 @@ from compactrl.distributed import RayCollector
 from compactrl.policies.scripted.code import OraclePolicy
 from compactrl.training import trainer as T
 from compactrl.training.config import override, preset
+from compactrl.training.rollouts import worker_policy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -75,7 +76,7 @@ def _greedy(policy):
 
 
 def _greedy_worker(cfg_json: str, index: int):
-    return _greedy(T.worker_policy(cfg_json, index))
+    return _greedy(worker_policy(cfg_json, index))
 
 
 def _perturbed_policy(cfg):
@@ -192,7 +193,7 @@ def test_the_trainer_builds_a_ray_collector_from_the_config_and_refuses_a_frozen
     policy, _ = T.build_policy(cfg, shared_tokenizer())
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)  # workers start at the first batch: no Ray needed to build it
-    c = r.collector
+    c = r.rollouts.collector
     assert isinstance(c, RayCollector) and (c.num_workers, c.envs_per_worker) == (3, 2)
     assert c.episodes_per_batch == cfg.rl.episodes_per_iter and c.state_dict()["seed"] == cfg.seed + 1
     with pytest.raises(ValueError, match="rl.frozen_summarizer"):

@@ -229,24 +229,25 @@ class _FakeCollector:
 
 
 def probe_pretrain(cfg: TrainConfig) -> Any:
+    from compactrl.training.rollouts import CollectorRollouts
     from compactrl.training.update import Updater
 
     policy, _ = _policy(cfg)
     critic = T.build_critic(cfg, policy)
     r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
-              collector=_FakeCollector())
+              rollouts=CollectorRollouts(_FakeCollector(), policy))
     row = T.critic_pretrain_phase(r)
-    return r.collector.batches, row.get("pretrain/batches"), _digest(*critic.parameters()) if critic else None
+    return r.rollouts.collector.batches, row.get("pretrain/batches"), _digest(*critic.parameters()) if critic else None
 
 
 def probe_rollouts(cfg: TrainConfig) -> Any:
     policy, _ = _policy(cfg)
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)
-    c = r.collector
-    out = (c.episodes_per_batch, c.group_size, type(r.rollout_policy).__name__, c.state_dict().get("seed"),
+    c = r.rollouts.collector
+    out = (c.episodes_per_batch, c.group_size, type(r.rollouts.policy).__name__, c.state_dict().get("seed"),
            type(c).__name__, getattr(c, "episode", None))  # the black-box source: how its episodes run
-    c.shutdown()
+    r.rollouts.close()
     return out, policy.generator.initial_seed()
 
 
@@ -254,10 +255,10 @@ def probe_distributed(cfg: TrainConfig) -> Any:
     policy, _ = _policy(cfg)
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)  # the Ray collector starts its workers at the first batch: no Ray needed here
-    c = r.collector
+    c = r.rollouts.collector
     out = (type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())),
            getattr(c, "start_timeout_s", None), getattr(c, "num_engines", None))
-    c.shutdown()
+    r.rollouts.close()
     return out
 
 
