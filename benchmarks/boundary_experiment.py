@@ -158,7 +158,7 @@ def final_evaluation(cfg, model_dir: str, episodes: int) -> list[list]:
     from compactrl.eval.episodes import evaluate_policy
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import override
-    from compactrl.training.trainer import build_policy, make_env_fns
+    from compactrl.training.rollouts import build_policy, make_env_fns
 
     torch.set_num_threads(cfg.threads)
     tokenizer = load_tokenizer()
@@ -410,7 +410,7 @@ def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str
 
     from compactrl.eval.episodes import evaluate_policy
     from compactrl.policies.scripted.code import OraclePolicy
-    from compactrl.training.trainer import make_env_fns
+    from compactrl.training.rollouts import make_env_fns
 
     lines = ["| regime | summary quality | success | traces/ep | episodes by traces (success) |", "|---|---|---|---|---|"]
     for regime in regimes:

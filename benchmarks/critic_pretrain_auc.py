@@ -43,8 +43,9 @@ def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, ru
     """Pre-train a critic batch by batch up to ``max_steps`` steps; its held-out figures after each batch."""
     from compactrl.eval.episodes import evaluate_policy
     from compactrl.training.config import override
+    from compactrl.training.rollouts import make_env_fns
     from compactrl.training.run_dir import RunDir
-    from compactrl.training.trainer import critic_pretrain_batches, make_env_fns, setup, start_rollouts
+    from compactrl.training.trainer import critic_pretrain_batches, setup, start_rollouts
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     cfg = override(regime_config("full", regime, threads=2), {
@@ -62,9 +63,9 @@ def run_seed(sft: str, regime: str, max_steps: int, seed: int, episodes: int, ru
     scores, done = [{"steps": 0, **_figures(r, held[0])}], 0
     for steps, row in critic_pretrain_batches(r, max_steps):  # the trainer's own phase, batch by batch
         done += steps
-        scores.append({"steps": done, "batch_success": r.collector.last_batch_stats.get("success_rate"),
+        scores.append({"steps": done, "batch_success": r.rollouts.last_batch_stats.get("success_rate"),
                        "pool_episodes": row["pool_episodes"], **_figures(r, held[0])})
-    r.collector.shutdown()
+    r.rollouts.close()
     return {"seed": seed, "regime": regime, "sft": sft, "episodes": episodes, "changes": changes,
             "held_out_success": success["success_rate"], "scores": scores,
             "wall_clock_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}

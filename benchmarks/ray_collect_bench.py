@@ -26,7 +26,7 @@ import torch
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector, local_ray
 from compactrl.policies.scripted.code import OraclePolicy
-from compactrl.training import trainer as T
+from compactrl.training import rollouts as T
 from compactrl.training.config import override, preset
 
 OUT = Path(__file__).parent / "results" / "ray_collect_bench.json"

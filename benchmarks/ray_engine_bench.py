@@ -32,7 +32,7 @@ import torch
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import InferenceEngine, RayCollector, local_ray
 from compactrl.policies.sampling import SamplingConfig
-from compactrl.training import trainer as T
+from compactrl.training import rollouts as T
 from compactrl.training.config import override, preset
 
 OUT = Path(__file__).parent / "results" / "ray_engine_bench.json"

@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     from compactrl.algos.packing import micro_batches
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import preset
+    from compactrl.training.rollouts import build_policy
     from compactrl.training.sft import model_log_probs, trim_padding
-    from compactrl.training.trainer import build_policy, collect_demonstrations
+    from compactrl.training.trainer import collect_demonstrations
 
     cfg = preset("main")
     tokenizer = load_tokenizer()

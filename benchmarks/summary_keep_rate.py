@@ -36,7 +36,7 @@ def probe(model_dir: str, *, temperature: float, episodes: int, seed: int) -> di
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import preset
-    from compactrl.training.trainer import make_env_fns
+    from compactrl.training.rollouts import make_env_fns
 
     cfg = preset("main")
     tok = load_tokenizer()

@@ -112,7 +112,7 @@ class _Replay:
 def _play(cfg, policy, episodes: int, seed: int) -> dict[str, bool]:
     """Held-out episodes (the task-seed stream of ``seed``); task id -> success."""
     from compactrl.collectors.trace_collector import TraceCollector
-    from compactrl.training.trainer import make_env_fns
+    from compactrl.training.rollouts import make_env_fns
 
     fns = make_env_fns(cfg.env, split=cfg.eval.split, count=min(cfg.env.num_envs, episodes),
                        budget=cfg.eval.context_budget or None)
@@ -131,7 +131,7 @@ def sample_and_replay(cfg, model_dir: str, *, contexts: int, samples: int, seed:
     from compactrl.policies.transformers_policy import TransformersPolicy
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import override
-    from compactrl.training.trainer import build_policy
+    from compactrl.training.rollouts import build_policy
 
     torch.set_num_threads(cfg.threads)
     cfg = override(cfg, {"model.pretrained": str(model_dir), "eval.temperature": 0.0})

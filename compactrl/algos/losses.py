@@ -12,8 +12,9 @@ entries the (micro-)batch normalises by its own counts.
 The actor exposes ``log_prob(tokens, attention_mask, select) -> (logp, entropy)`` (values are read
 only where ``select``, the loss's tokens, is set; an actor may leave the rest 0) and the critic
 ``value(tokens, attention_mask) -> value``, all ``[N, L]`` and aligned with ``tokens``
-(``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``). The options are the dataclasses of
-:mod:`compactrl.training.config` (``RLConfig.ppo`` / ``RLConfig.grpo`` nest them as they are).
+(``out[:, t]`` is about ``tokens[t]`` given ``tokens[:t]``). Each loss owns its options:
+the dataclasses of :mod:`compactrl.algos.loss_config` (the training config's ``RLConfig.ppo`` /
+``RLConfig.grpo`` nest them as they are).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 from torchrl.objectives import LossModule
 
-from compactrl.training.config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
+from compactrl.algos.loss_config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
 
 __all__ = [
     "PolicyLossConfig",

@@ -2,8 +2,8 @@
 
 One config tree: :class:`EnvConfig` nests the ContextBudget wrapper's own
 :class:`~compactrl.wrappers.ContextBudgetConfig`, and :class:`RLConfig` nests the loss
-configurations (:class:`CriticPPOConfig`, :class:`GRPOConfig`, defined here and used by
-:mod:`compactrl.algos.losses`), so every option has one name and one default from the trainer down
+configurations as the losses define them (:class:`~compactrl.algos.loss_config.CriticPPOConfig`,
+:class:`~compactrl.algos.loss_config.GRPOConfig`), so every option has one name and one default from the trainer down
 to what it configures. The CLI (``compactrl train --help``) is generated from these classes: every
 leaf field becomes an option ``--<section>.<field>`` (``--env.context_budget.budget``) and its
 docstring becomes the help text (see :func:`field_docs`). Presets are complete :class:`TrainConfig`
@@ -23,6 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from compactrl.algos.loss_config import CriticPPOConfig, GRPOConfig
 from compactrl.wrappers.context_budget import ContextBudgetConfig
 
 
@@ -182,76 +183,6 @@ class SFTConfig:
                "|".join(("none", *DEMONSTRATORS)), self.second_demonstrator)
         _check(self.second_steps >= 0, "sft.second_steps", ">= 0", self.second_steps)
         _check(self.second_lr > 0, "sft.second_lr", "> 0", self.second_lr)
-
-
-# -- the losses' options (compactrl.algos.losses reads them; defined here so that the config stays light) --
-
-
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """Options of the clipped policy objective shared by critic PPO and GRPO."""
-
-    clip_eps_low: float = 0.2
-    """Lower ratio clip: the ratio is kept above ``1 - clip_eps_low``."""
-    clip_eps_high: float = 0.2
-    """Upper ratio clip: the ratio is kept below ``1 + clip_eps_high`` (DAPO's clip-higher when larger)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus (``loss_entropy = -entropy_coef * entropy``); 0 leaves the term out."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty towards the log-probs at ``kl_ref_key``; 0 leaves the term out."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """KL estimator per token: ``k1 = logp - ref`` or ``k3 = exp(ref - logp) - (ref - logp) - 1`` (>= 0)."""
-    kl_ref_key: str = "sample_log_prob"
-    """Entry holding the reference log-probs: ``sample_log_prob`` (the sampling policy's, in every
-    trace batch) or e.g. ``ref_log_prob`` written by a frozen reference model."""
-    tis_cap: float | None = None
-    """Truncated importance sampling: when the batch has ``old_log_prob`` (the trainer's own
-    log-probs) beside ``sample_log_prob`` (another engine's), weight each token by
-    ``min(exp(old - sample), tis_cap)``; None disables it."""
-    train_summaries: bool = True
-    """Keep summary tokens in the policy loss; False masks them out (the critic still learns them)."""
-    normalization: Literal["token", "trace"] = "token"
-    """``token``: sum over loss tokens / loss tokens of the whole batch. ``trace``: every trace's mean
-    over its tokens, summed / traces of the whole batch (the original GRPO weighting)."""
-
-    def __post_init__(self) -> None:
-        _check(0 < self.clip_eps_low < 1, "clip_eps_low", "a value in (0, 1)", self.clip_eps_low)
-        _check(self.clip_eps_high > 0, "clip_eps_high", "> 0", self.clip_eps_high)
-        for name in ("entropy_coef", "kl_coef"):
-            _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
-        _check(self.kl_estimator in ("k1", "k3"), "kl_estimator", "k1|k3", self.kl_estimator)
-        _check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", "None or > 0", self.tis_cap)
-        _check(self.normalization in ("token", "trace"), "normalization", "token|trace", self.normalization)
-
-
-@dataclass(frozen=True)
-class CriticPPOConfig(PolicyLossConfig):
-    """Critic PPO: the policy options plus the value loss."""
-
-    value_clip_eps: float | None = 0.2
-    """Clip of the new value around the rollout's ``value`` (PPO2 value clipping); None disables it."""
-    critic_coef: float = 1.0
-    """Weight of ``loss_critic = critic_coef * 0.5 * mean (V - value_target)^2`` (per policy token)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.value_clip_eps is None or self.value_clip_eps > 0, "value_clip_eps", "None or > 0",
-               self.value_clip_eps)
-        _check(self.critic_coef >= 0, "critic_coef", ">= 0", self.critic_coef)
-
-
-@dataclass(frozen=True)
-class GRPOConfig(PolicyLossConfig):
-    """GRPO: the policy options plus how the group-relative advantage is formed."""
-
-    scale_by_std: bool = True
-    """Divide by the group's reward std (GRPO); False keeps only the mean baseline (Dr. GRPO)."""
-    eps: float = 1e-6
-    """Added to the group std before dividing."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check(self.eps >= 0, "eps", ">= 0", self.eps)
 
 
 @dataclass(frozen=True)

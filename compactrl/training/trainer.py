@@ -18,10 +18,8 @@ the update step is :class:`~compactrl.training.update.Updater`. One run:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +28,11 @@ import torch
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import concat_traces
-from compactrl.collectors.episodes import summarize_episodes
 from compactrl.collectors.trace_collector import TraceCollector
 from compactrl.eval.episodes import evaluate_policy
 from compactrl.provenance import machine_stamp, stamp_markdown
-from compactrl.training.config import EnvConfig, TrainConfig, override
+from compactrl.training.config import TrainConfig, override
+from compactrl.training.rollouts import Rollouts, build_policy, make_env_fns, make_rollouts, report_lines
 from compactrl.training.run_dir import RunDir, rng_state, set_rng_state
 from compactrl.training.sft import copy_warmup, sft_train, trim_padding
 from compactrl.training.update import Updater
@@ -50,42 +48,6 @@ PHASES = (("copy warm-up", "time/copy_warmup_s"), ("SFT", "time/sft_s"),
 # -- building blocks ------------------------------------------------------------------------------
 
 
-def make_env_fns(cfg: EnvConfig, *, split: str, count: int, budget: int | None = None) -> list[Callable]:
-    """``count`` constructors of the wrapped training env (``budget`` overrides the context budget)."""
-    import dataclasses
-
-    import gymnasium as gym
-
-    import compactrl  # noqa: F401  (registers the env ids)
-
-    wrapper = cfg.context_budget if not budget else dataclasses.replace(cfg.context_budget, budget=budget)
-    kwargs = dict(backend=cfg.backend, difficulty=cfg.difficulty, split=split, max_turns=cfg.max_turns,
-                  context_budget=wrapper, **json.loads(cfg.env_kwargs))
-    if cfg.tools:
-        kwargs["tools"] = tuple(t.strip() for t in cfg.tools.split(",") if t.strip())
-    return [lambda: gym.make(cfg.env_id, **kwargs) for _ in range(count)]
-
-
-def build_policy(cfg: TrainConfig, tokenizer):
-    """The trained policy (tiny MoE from a seeded init, or a saved model) and a greedy twin for evaluation."""
-    from compactrl.policies.tiny_moe import tiny_moe
-    from compactrl.policies.transformers_policy import TransformersPolicy
-
-    m = cfg.model
-    if m.pretrained:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(m.pretrained, experts_implementation="grouped_mm")
-    else:
-        model = tiny_moe(m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_experts=m.num_experts,
-                         experts_per_token=m.experts_per_token, seed=m.init_seed)
-    common = dict(max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
-    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common)
-    eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
-                                     **common)
-    return policy, eval_policy
-
-
 def build_critic(cfg: TrainConfig, policy):
     """PPO's critic: the policy's trunk as it is now (after SFT), a value head starting at
     ``model.critic_head_init``; None for GRPO."""
@@ -94,33 +56,6 @@ def build_critic(cfg: TrainConfig, policy):
     if cfg.rl.algo != "ppo":
         return None
     return ValueModel.from_policy(policy, head_bias=cfg.model.critic_head_init)
-
-
-class SummaryRouter:
-    """Acts with ``policy``, except that summaries are written by ``summarizer`` (a frozen summariser).
-
-    Masking summary tokens out of the loss does not freeze the summariser when the weights are
-    shared (the summaries still change as the policy trains); routing summary requests to a
-    separate, never-updated copy does.
-    """
-
-    def __init__(self, policy, summarizer) -> None:
-        self.policy, self.summarizer = policy, summarizer
-
-    def update_weights(self, model, **kwargs) -> None:
-        """A policy that generates elsewhere (the vLLM engine) gets the new weights; the summariser stays."""
-        hook = getattr(self.policy, "update_weights", None)
-        if callable(hook):
-            hook(model, **kwargs)
-
-    def act(self, requests):
-        out: list[Any] = [None] * len(requests)
-        for pol, want in ((self.summarizer, True), (self.policy, False)):
-            idx = [i for i, r in enumerate(requests) if r.compaction_required == want]
-            if idx:
-                for i, resp in zip(idx, pol.act([requests[i] for i in idx])):
-                    out[i] = resp
-        return out
 
 
 def make_demonstrator(kind: str, summary_quality: float, seed: int):
@@ -164,7 +99,7 @@ def collect_demonstrations(cfg: TrainConfig, pad_id: int, *, split: str = "train
 
 @dataclass
 class Run:
-    """What the phases share: config, run directory, models, the update step, the collector."""
+    """What the phases share: config, run directory, models, the update step, the rollout source."""
 
     cfg: TrainConfig
     run: RunDir
@@ -175,13 +110,11 @@ class Run:
     t_start: float = field(default_factory=time.perf_counter)
     elapsed_before: float = 0.0
     critic: Any = None
-    """Set by :func:`start_rollouts` (after SFT), like the next three."""
+    """Set by :func:`start_rollouts` (after SFT), like the next two."""
     updater: Updater | None = None
-    rollout_policy: Any = None
-    collector: TraceCollector | None = None
+    rollouts: Rollouts | None = None
+    """Where the training batches come from (:func:`~compactrl.training.rollouts.make_rollouts`)."""
     eval_bar: Any = None
-    engine: Any = None
-    """``rollout.engine=vllm``: the :class:`~compactrl.serving.vllm.policy.VLLMPolicy` generating rollouts."""
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.t_start
@@ -220,20 +153,16 @@ class Run:
             "iteration": iteration, "rows": len(self.run.rows()), "elapsed_s": self.elapsed(),
             "policy": self.policy.state_dict(), "updater": self.updater.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
-            "frozen_summarizer": self.rollout_policy.summarizer.state_dict()
-            if isinstance(self.rollout_policy, SummaryRouter) else None,
-            "collector": self.collector.state_dict(), "rng": rng_state(),
+            **self.rollouts.state_dict(), "rng": rng_state(),
             "policy_generator": self.policy.generator.get_state(), "config": self.cfg.to_dict(),
         })
 
     def restore(self, state: dict[str, Any]) -> None:
         self.policy.load_state_dict(state["policy"])
-        if self.engine is not None:  # the engine started from the pre-restore weights: bring it to the checkpoint's
-            self.engine.update_weights(self.policy.model, version=state["iteration"])
         self.updater.load_state_dict(state["updater"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
-        self.collector.load_state_dict(state["collector"])
+        self.rollouts.load_state_dict(state, version=state["iteration"])
         set_rng_state(state["rng"])
         self.policy.generator.set_state(state["policy_generator"])
         self.elapsed_before = state["elapsed_s"]
@@ -276,8 +205,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     try:
         return _train(r, cfg, run, state, progress)
     finally:
-        if r.engine is not None:  # also when the run stops with an error: no engine process outlives it
-            r.engine.close()
+        if r.rollouts is not None:  # also when the run stops with an error: no engine process outlives it
+            r.rollouts.close()
 
 
 def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, progress: Any) -> TrainResult:
@@ -288,8 +217,7 @@ def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, 
             row0.update(sft_phase(r))
             r.policy.save_pretrained(run.sft_model_path)
         start_rollouts(r)  # the critic and the frozen summariser start from the SFT policy
-        if r.engine is not None:
-            row0.update(r.engine.last_sync)
+        row0.update(r.rollouts.last_sync)
         row0.update(critic_pretrain_phase(r))
         if plan[0][1]:  # after pre-training, so row 0 scores the critic the policy updates start with
             row0.update(r.evaluate())
@@ -298,7 +226,7 @@ def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, 
         r.checkpoint(0)
         start = 1
     else:
-        start_rollouts(r, state)
+        start_rollouts(r)
         r.restore(state)
         run.truncate_rows(state["rows"])
         start = state["iteration"] + 1
@@ -310,9 +238,7 @@ def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, 
             r.checkpoint(it)
         _advance(progress, bar, f"success {row.get('eval/success_rate', row.get('train/success_rate', 0.0)):.2f}")
         log.info("iteration %d: %s", it, {k: round(v, 4) for k, v in row.items() if isinstance(v, float)})
-    r.collector.shutdown()
-    if r.engine is not None:
-        r.engine.close()
+    r.rollouts.close()
     r.policy.save_pretrained(run.final_model_path)  # the trained policy, in Hugging Face format
     return _finish(run, cfg, r.elapsed())
 
@@ -340,7 +266,7 @@ def open_run(cfg: TrainConfig, out: str | Path, *, resume: bool, iterations: int
 
 
 def setup(cfg: TrainConfig, run: RunDir, progress: Any, t_start: float) -> Run:
-    """Seeds, tokenizer, policy; the critic, update step and collector come in :func:`start_rollouts`."""
+    """Seeds, tokenizer, policy; the critic, update step and rollout source come in :func:`start_rollouts`."""
     from compactrl.tokenizer import shared_tokenizer
 
     torch.set_num_threads(cfg.threads)
@@ -350,132 +276,13 @@ def setup(cfg: TrainConfig, run: RunDir, progress: Any, t_start: float) -> Run:
     return Run(cfg, run, policy, eval_policy, pad_id=tokenizer.pad_token_id or 0, progress=progress, t_start=t_start)
 
 
-def start_rollouts(r: Run, state: dict[str, Any] | None = None) -> None:
-    """Critic (from the current policy), update step, frozen summariser and training collector."""
+def start_rollouts(r: Run) -> None:
+    """Critic (from the current policy), update step and the rollout source (its frozen summariser,
+    if any, a copy of the current policy; a resumed run then loads the checkpoint's)."""
     cfg = r.cfg
     r.critic = build_critic(cfg, r.policy)
     r.updater = Updater(cfg.rl, r.policy, r.critic, seed=cfg.seed + 2)
-    r.rollout_policy = r.policy
-    if cfg.rollout.engine == "vllm" and not cfg.distributed.num_rollout_workers:
-        r.engine = r.rollout_policy = start_engine(cfg, r.policy, r.run)
-    if cfg.rl.frozen_summarizer:
-        frozen, _ = build_policy(cfg, r.policy.tokenizer)
-        frozen.load_state_dict(r.policy.state_dict() if state is None else state["frozen_summarizer"])
-        frozen.requires_grad_(False)
-        r.rollout_policy = SummaryRouter(r.rollout_policy, frozen)
-    if cfg.rollout.source == "mini_swe_agent":
-        r.collector = agent_collector(cfg, r.rollout_policy, pad_id=r.pad_id, run=r.run)
-        return
-    if cfg.distributed.num_rollout_workers:
-        r.collector = ray_collector(cfg, r.policy, pad_id=r.pad_id, run=r.run)
-        return
-    r.collector = TraceCollector(
-        make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), r.rollout_policy,
-        episodes_per_batch=cfg.rl.episodes_per_iter, group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1,
-        seed=cfg.seed + 1, pad_id=r.pad_id, give_task_to_policy=False,
-    )
-
-
-def engine_settings(cfg: TrainConfig, policy) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(engine config fields, VLLMPolicy keywords)`` of the run's vLLM engine (``rollout.engine_*``):
-    it samples like ``policy``; pure, so the config's reach is testable without starting an engine."""
-    ro = cfg.rollout
-    s = policy.sampling
-    engine = dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
-                  max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192)
-    kwargs = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
-                  seed=cfg.seed, stop_token_ids=policy.stop_token_ids, sync_tolerance=ro.engine_sync_tolerance or None)
-    return engine, kwargs
-
-
-def start_engine(cfg: TrainConfig, policy, run: RunDir):
-    """``rollout.engine=vllm``: a vLLM engine process serving ``policy``'s current weights (written to
-    the run's ``engine_model/``), sampling like the policy, checked against it on the probe batch."""
-    from compactrl.serving.vllm.policy import VLLMPolicy
-
-    engine_cfg, kwargs = engine_settings(cfg, policy)
-    engine = VLLMPolicy.from_model(policy.model, policy.tokenizer, run.path / "engine_model", engine=engine_cfg,
-                                   log_path=run.path / "engine.log", **kwargs)
-    try:  # version 0: the weights it was started from
-        engine.last_sync = {"engine/start_s": engine.engine.start_s, **engine.check_sync(policy.model)}
-    except BaseException:
-        engine.close()
-        raise
-    return engine
-
-
-def engine_mismatch(policy, batch) -> dict[str, float]:
-    """How far the engine's sampling log-probs are from the learner's on the batch's policy tokens,
-    before the update (the train-inference mismatch): k3 estimate of KL(engine || learner) and the
-    max and mean |delta log p|."""
-    mask = batch["policy_mask"].bool()
-    if not bool(mask.any()):
-        return {}
-    with torch.no_grad():
-        learner, _ = policy.log_prob(batch["tokens"], batch["attention_mask"], select=mask)
-    log_ratio = (learner - batch["sample_log_prob"].float())[mask]
-    k3 = torch.expm1(log_ratio) - log_ratio
-    return {"mismatch/k3": float(k3.mean()), "mismatch/max_abs_dlogp": float(log_ratio.abs().max()),
-            "mismatch/mean_abs_dlogp": float(log_ratio.abs().mean()), "mismatch/tokens": float(mask.sum())}
-
-
-def ray_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None = None):
-    """Rollout workers on Ray (``distributed.*``), each building the policy from ``cfg`` and starting
-    from ``policy``'s weights; the trainer's ``update_policy_weights_`` publishes each update. With
-    ``rollout.engine=vllm`` every engine actor owns a vLLM engine process serving the model written
-    to the run's ``engine_model/`` (same node), and syncs and probe-checks each published version."""
-    import functools
-
-    from compactrl.distributed import RayCollector, vllm_engine
-
-    engine_fn = None
-    if cfg.rollout.engine == "vllm":
-        if run is None:
-            raise ValueError("rollout.engine=vllm with rollout workers needs the run directory (engine_model/)")
-        model_dir = run.path / "engine_model"
-        policy.model.save_pretrained(model_dir)
-        engine_cfg, kwargs = engine_settings(cfg, policy)
-        kwargs.pop("seed")  # each engine actor seeds its own engine and sampling stream (vllm_engine)
-        engine_cfg = {k: v for k, v in engine_cfg.items() if k != "seed"} | {"threads": 1}
-        engine_fn = functools.partial(vllm_engine, str(model_dir), engine_kwargs=engine_cfg, **kwargs)
-
-    # routing summaries to a frozen copy would need a second model in every worker
-    if cfg.rl.frozen_summarizer:
-        raise ValueError("rl.frozen_summarizer: expected False with distributed.num_rollout_workers > 0, got True")
-    d = cfg.distributed
-    return RayCollector(
-        make_env_fns(cfg.env, split="train", count=d.envs_per_worker), functools.partial(worker_policy, cfg.to_json()),
-        num_workers=d.num_rollout_workers, episodes_per_batch=cfg.rl.episodes_per_iter,
-        group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, seed=cfg.seed + 1, pad_id=pad_id,
-        give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s,
-        num_engines=d.num_engines, **({"engine_fn": engine_fn} if engine_fn is not None else {}))
-
-
-def worker_policy(cfg_json: str, index: int):
-    """A rollout worker's sampling policy: the trained architecture, its own random stream per worker."""
-    from compactrl.tokenizer import shared_tokenizer
-
-    cfg = TrainConfig.from_dict(json.loads(cfg_json))
-    policy, _ = build_policy(cfg, shared_tokenizer())
-    policy.generator.manual_seed(cfg.seed + 7919 * (index + 1))
-    return policy
-
-
-def agent_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None):
-    """The black-box source (``rollout.source=mini_swe_agent``): mini-swe-agent on the env's tasks
-    through a gateway in front of ``policy``; sessions are recorded under the run's ``sessions/``."""
-    from compactrl.gateway.collector import AgentCollector, AgentEpisodeConfig
-
-    ro, ctx = cfg.rollout, cfg.env.context_budget
-    # as the ContextBudget wrapper: compact when the context leaves no room for a reserve-sized response
-    episode = AgentEpisodeConfig(context_tokens=ctx.budget - ctx.reserve, step_limit=cfg.env.max_turns, max_tokens=ctx.reserve,
-                                 temperature=cfg.model.temperature, config_name=ro.agent_config,
-                                 action_regex=ro.action_regex or None, command_timeout_s=ro.command_timeout_s)
-    return AgentCollector(
-        policy, make_env_fns(cfg.env, split="train", count=1)[0], episode, episodes_per_batch=cfg.rl.episodes_per_iter,
-        group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, concurrency=cfg.env.num_envs,
-        seed=cfg.seed + 1, pad_id=pad_id, record_dir=str(run.path / "sessions") if run is not None else None,
-        threads=cfg.threads)
+    r.rollouts = make_rollouts(cfg, r.policy, pad_id=r.pad_id, run=r.run)
 
 
 def critic_pretrain_phase(r: Run) -> dict[str, float]:
@@ -508,7 +315,7 @@ def critic_pretrain_batches(r: Run, total: int):
     pool: list = []
     done = 0
     while done < total:
-        batch = trim_padding(r.collector.next())
+        batch = r.rollouts.next()
         if r.cfg.rl.critic_pretrain_replay:
             pool.append(batch)
             batch = concat_traces(pool, pad_id=r.pad_id)
@@ -532,30 +339,20 @@ def schedule(cfg: TrainConfig) -> list[tuple[int, bool, bool]]:
 
 
 def rl_iteration(r: Run, it: int, evaluate: bool) -> dict[str, Any]:
-    """Collect, advantages, update, (evaluate): one iteration's metrics row."""
+    """Collect, advantages, update, sync, (evaluate): one iteration's metrics row."""
     t0 = time.perf_counter()
-    batch = trim_padding(r.collector.next())
+    batch = r.rollouts.next()
     t_collect = time.perf_counter() - t0
-    engine_row: dict[str, float] = {}
-    if r.engine is not None:  # every rollout of the batch came from the engine's current version
-        engine_row = {"engine/version": float(r.engine.last_version), **engine_mismatch(r.policy, batch)}
-        batch["policy_version"] = torch.full((batch.batch_size[0],), r.engine.last_version, dtype=torch.long)
     t1 = time.perf_counter()
     r.updater.advantages(batch)
     stats = r.updater.update(batch)
     t_update = time.perf_counter() - t1
     t1 = time.perf_counter()
-    # with the vLLM engine: sync + probe check, tagged with this iteration (a failing check raises here,
-    # before the next collection)
-    r.collector.update_policy_weights_(r.policy, **({"version": it} if r.engine is not None else {}))
-    if r.engine is not None:
-        if r.engine.version != it:
-            raise RuntimeError(f"the rollout collector did not sync the vLLM engine to version {it} "
-                               f"(it holds {r.engine.version})")
-        engine_row.update(r.engine.last_sync)
-    row = {"iteration": it, **{f"train/{k}": v for k, v in r.collector.last_batch_stats.items()}, **stats,
-           **engine_row, "time/collect_s": t_collect, "time/update_s": t_update,
-           "time/weight_sync_s": time.perf_counter() - t1, "time/iteration_s": time.perf_counter() - t0}
+    r.rollouts.update_weights(r.policy, version=it)  # a failing sync raises here, before the next collection
+    row = {"iteration": it, **{f"train/{k}": v for k, v in r.rollouts.last_batch_stats.items()}, **stats,
+           **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, "time/collect_s": t_collect,
+           "time/update_s": t_update, "time/weight_sync_s": time.perf_counter() - t1,
+           "time/iteration_s": time.perf_counter() - t0}
     if evaluate:
         row.update(r.evaluate())
     row["time/wall_clock_s"] = r.elapsed()
@@ -648,10 +445,7 @@ def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: floa
              f"- RL: {rl.iterations} iterations x {rl.episodes_per_iter} episodes, boundary `{rl.boundary}`, "
              f"gamma {rl.gamma}, lambda {lmbda}"
              + (f", {rl.critic_pretrain_steps} critic pre-training steps" if rl.algo == "ppo" else ""),
-             *([f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}), synced after every update and "
-                f"checked on a probe batch (largest max |delta log p|: "
-                f"{max(x.get('engine/probe_max_abs_dlogp', 0.0) for x in rows):.2g})"]
-               if cfg.rollout.engine == "vllm" else []),
+             *report_lines(cfg, rows),
              f"- wall-clock: {elapsed / 60:.1f} min ("
              + ", ".join(f"{k} {v / 60:.1f} min" for k, v in phases.items() if v > 0) + ")", "",
              "## Held-out success", "",
@@ -678,5 +472,4 @@ def _decoding(temperature: float) -> str:
     return "greedily (temperature 0)" if temperature == 0 else f"at temperature {temperature}"
 
 
-__all__ = ["train", "TrainResult", "SummaryRouter", "summarize_episodes", "make_env_fns", "build_policy",
-           "build_critic", "collect_demonstrations", "make_demonstrator"]
+__all__ = ["train", "TrainResult", "build_critic", "collect_demonstrations", "make_demonstrator"]

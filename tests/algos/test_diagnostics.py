@@ -174,7 +174,7 @@ def test_on_a_collected_batch_with_a_real_critic(tmp_path):
     from compactrl.policies.critic import ValueModel
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import override, preset
-    from compactrl.training.trainer import build_policy, make_env_fns
+    from compactrl.training.rollouts import build_policy, make_env_fns
 
     cfg = override(preset("smoke"), {"env.context_budget.budget": 520, "env.max_turns": 8})
     policy, _ = build_policy(cfg, load_tokenizer())

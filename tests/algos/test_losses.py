@@ -332,8 +332,9 @@ def test_grpo_options_of_the_config_reach_the_advantage(scale_by_std):
     """``rl.grpo.scale_by_std`` and ``rl.grpo.eps`` decide the advantage the trainer trains on."""
     import dataclasses
 
+    from compactrl.algos.loss_config import GRPOConfig
     from compactrl.algos.losses import advantage_estimator
-    from compactrl.training.config import GRPOConfig, RLConfig
+    from compactrl.training.config import RLConfig
 
     rl = RLConfig(algo="grpo", whiten_advantages=False, grpo=GRPOConfig(scale_by_std=scale_by_std, eps=0.5))
     batch = _rollout_batch(3, TinyActor(), None, off_engine=False)

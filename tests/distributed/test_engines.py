@@ -17,7 +17,7 @@ import torch
 from compactrl.collectors import TraceCollector
 from compactrl.distributed import RayCollector
 from compactrl.policies.scripted.code import OraclePolicy
-from compactrl.training import trainer as T
+from compactrl.training import rollouts as T
 from compactrl.training.config import override, preset
 
 pytestmark = pytest.mark.timeout(240)

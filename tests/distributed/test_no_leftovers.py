@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 COLLECT = """
 import sys
-from compactrl.training import trainer as T
+from compactrl.training import rollouts as T
 from compactrl.training.config import preset
 from compactrl.distributed import RayCollector, local_ray
 from compactrl.policies.scripted.code import OraclePolicy

@@ -16,6 +16,7 @@ from compactrl.distributed import RayCollector
 from compactrl.policies.scripted.code import OraclePolicy
 from compactrl.training import trainer as T
 from compactrl.training.config import override, preset
+from compactrl.training.rollouts import build_policy, make_env_fns, worker_policy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -51,7 +52,7 @@ def _single(env_fns, policy, *, episodes, group_size=1, seed=3, batches=1, give_
 
 
 def test_scripted_episodes_equal_the_single_process_ones_group_by_group(ray_cluster):
-    env_fns = T.make_env_fns(_cfg().env, split="train", count=2)
+    env_fns = make_env_fns(_cfg().env, split="train", count=2)
     singles, single = _single(env_fns, _oracle(0), episodes=8, group_size=2, batches=2)
     rc = RayCollector(env_fns, _oracle, num_workers=2, episodes_per_batch=8, group_size=2, seed=3)
     try:
@@ -75,13 +76,13 @@ def _greedy(policy):
 
 
 def _greedy_worker(cfg_json: str, index: int):
-    return _greedy(T.worker_policy(cfg_json, index))
+    return _greedy(worker_policy(cfg_json, index))
 
 
 def _perturbed_policy(cfg):
     from compactrl.tokenizer import shared_tokenizer
 
-    policy, _ = T.build_policy(cfg, shared_tokenizer())
+    policy, _ = build_policy(cfg, shared_tokenizer())
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in policy.parameters():
@@ -92,7 +93,7 @@ def _perturbed_policy(cfg):
 def test_tiny_model_episodes_and_published_weights_equal_the_single_process_ones(ray_cluster):
     cfg = _cfg(**{"env.max_turns": 2})  # equality does not depend on the episodes' length: 2 turns each
     policy = _greedy(_perturbed_policy(cfg))  # weights the workers' own build does not have: they must come from the store
-    env_fns = T.make_env_fns(cfg.env, split="train", count=2)
+    env_fns = make_env_fns(cfg.env, split="train", count=2)
     (want,), _ = _single(env_fns, policy, episodes=4, give_task=False)
     rc = RayCollector(env_fns, functools.partial(_greedy_worker, cfg.to_json()), num_workers=2, episodes_per_batch=4,
                       seed=3, give_task_to_policy=False, weights=policy)
@@ -141,7 +142,7 @@ class _DieOnce(gym.Wrapper):
 
 
 def test_a_worker_killed_mid_episode_is_restarted_and_its_episodes_rerun_once(ray_cluster, tmp_path):
-    base = T.make_env_fns(_cfg().env, split="train", count=2)
+    base = make_env_fns(_cfg().env, split="train", count=2)
     marker = str(tmp_path / "died")
     dying = [functools.partial(lambda fn: _DieOnce(fn(), marker), fn) for fn in base]
     (want,), _ = _single(base, _oracle(0), episodes=6)
@@ -161,7 +162,7 @@ def _broken(index: int):
 
 
 def test_a_worker_that_cannot_start_is_a_clear_error(ray_cluster):
-    fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    fns = make_env_fns(_cfg().env, split="train", count=1)
     rc = RayCollector(fns, _broken, num_workers=1, episodes_per_batch=1, start_timeout_s=60)
     with pytest.raises(RuntimeError, match="(?s)could not be started.*no model here"):
         rc.next()
@@ -169,7 +170,7 @@ def test_a_worker_that_cannot_start_is_a_clear_error(ray_cluster):
 
 
 def test_waiting_for_a_worker_is_bounded(ray_cluster):
-    fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    fns = make_env_fns(_cfg().env, split="train", count=1)
     # more CPUs than the cluster has: the worker can never be placed
     rc = RayCollector(fns, _oracle, num_workers=1, episodes_per_batch=1, worker_num_cpus=3, start_timeout_s=1.0)
     with pytest.raises(RuntimeError, match="no rollout worker started within start_timeout_s=1.0s"):
@@ -178,7 +179,7 @@ def test_waiting_for_a_worker_is_bounded(ray_cluster):
 
 
 def test_bad_arguments_name_the_field():
-    fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    fns = make_env_fns(_cfg().env, split="train", count=1)
     with pytest.raises(ValueError, match="num_workers"):
         RayCollector(fns, _oracle, num_workers=0, episodes_per_batch=2)
     with pytest.raises(ValueError, match="episodes_per_batch"):
@@ -189,10 +190,10 @@ def test_the_trainer_builds_a_ray_collector_from_the_config_and_refuses_a_frozen
     from compactrl.tokenizer import shared_tokenizer
 
     cfg = _cfg(**{"distributed.num_rollout_workers": 3, "distributed.envs_per_worker": 2})
-    policy, _ = T.build_policy(cfg, shared_tokenizer())
+    policy, _ = build_policy(cfg, shared_tokenizer())
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)  # workers start at the first batch: no Ray needed to build it
-    c = r.collector
+    c = r.rollouts.collector
     assert isinstance(c, RayCollector) and (c.num_workers, c.envs_per_worker) == (3, 2)
     assert c.episodes_per_batch == cfg.rl.episodes_per_iter and c.state_dict()["seed"] == cfg.seed + 1
     with pytest.raises(ValueError, match="rl.frozen_summarizer"):
@@ -200,7 +201,7 @@ def test_the_trainer_builds_a_ray_collector_from_the_config_and_refuses_a_frozen
 
 
 def test_token_count_batches_equal_the_single_process_ones(ray_cluster):
-    env_fns = T.make_env_fns(_cfg().env, split="train", count=1)
+    env_fns = make_env_fns(_cfg().env, split="train", count=1)
     single = TraceCollector(env_fns, _oracle(0), tokens_per_batch=2000, seed=3)
     try:
         want = single.next()
@@ -215,7 +216,7 @@ def test_token_count_batches_equal_the_single_process_ones(ray_cluster):
 
 
 def test_token_count_batches_on_several_workers_hold_whole_groups_of_the_same_episodes(ray_cluster):
-    env_fns = T.make_env_fns(_cfg().env, split="train", count=2)
+    env_fns = make_env_fns(_cfg().env, split="train", count=2)
     rc = RayCollector(env_fns, _oracle, num_workers=2, tokens_per_batch=5000, group_size=2, seed=3)
     try:
         got = rc.next()
@@ -241,7 +242,7 @@ class _BrokenSandbox(gym.Wrapper):
 
 
 def test_a_token_count_batch_whose_envs_all_fail_stops_with_an_error_not_a_hang(ray_cluster):
-    base = T.make_env_fns(_cfg().env, split="train", count=1)
+    base = make_env_fns(_cfg().env, split="train", count=1)
     broken = [functools.partial(lambda fn: _BrokenSandbox(fn()), fn) for fn in base]
     rc = RayCollector(broken, _oracle, num_workers=1, tokens_per_batch=1000)
     try:

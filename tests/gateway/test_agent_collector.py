@@ -12,7 +12,7 @@ from compactrl.gateway.mini_swe import offline_environment
 from compactrl.gateway.recording import load_session
 from compactrl.sandbox import SandboxError, make_sandbox
 from compactrl.training.config import EnvConfig
-from compactrl.training.trainer import make_env_fns
+from compactrl.training.rollouts import make_env_fns
 from compactrl.wrappers import ContextBudgetConfig
 
 offline_environment()

@@ -15,8 +15,8 @@ from compactrl.sandbox import SandboxError, make_sandbox
 from compactrl.tokenizer import shared_tokenizer
 from compactrl.training import cli as train_cli
 from compactrl.training.config import TrainConfig, override, preset
+from compactrl.training.rollouts import build_policy, make_env_fns
 from compactrl.training.run_dir import RunDir
-from compactrl.training.trainer import build_policy, make_env_fns
 
 offline_environment()
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install -e '.[test]')")

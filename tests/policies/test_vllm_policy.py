@@ -133,7 +133,7 @@ def test_missing_engine_environment_says_how_to_build_it(tmp_path, tokenizer):
 def test_the_train_config_reaches_the_engine(tokenizer):
     """``rollout.engine_dtype`` and ``rollout.engine_sync_tolerance`` reach the run's engine; the engine
     samples like the trained policy (the smoke run on a real engine: tests/vllm/test_train.py)."""
-    from compactrl.training import trainer as T
+    from compactrl.training import rollouts as T
     from compactrl.training.config import override, preset
 
     cfg = override(preset("smoke"), {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16",

@@ -19,6 +19,7 @@ import torch
 
 from compactrl.training import trainer as T
 from compactrl.training.config import TrainConfig, iter_fields, override, preset
+from compactrl.training.rollouts import build_policy, make_env_fns
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -132,7 +133,7 @@ def _base() -> TrainConfig:
 
 
 def probe_env(cfg: TrainConfig) -> Any:
-    fns = T.make_env_fns(cfg.env, split="train", count=cfg.env.num_envs)
+    fns = make_env_fns(cfg.env, split="train", count=cfg.env.num_envs)
     env = fns[0]()
     obs, info = env.reset(seed=0)
     inner = {k: repr(v) for k, v in vars(env.unwrapped).items() if isinstance(v, (str, int, float, bool, tuple))}
@@ -144,7 +145,7 @@ def probe_env(cfg: TrainConfig) -> Any:
 def _policy(cfg: TrainConfig):
     from compactrl.tokenizer import shared_tokenizer
 
-    return T.build_policy(cfg, shared_tokenizer())
+    return build_policy(cfg, shared_tokenizer())
 
 
 def probe_model(cfg: TrainConfig) -> Any:
@@ -229,24 +230,25 @@ class _FakeCollector:
 
 
 def probe_pretrain(cfg: TrainConfig) -> Any:
+    from compactrl.training.rollouts import CollectorRollouts
     from compactrl.training.update import Updater
 
     policy, _ = _policy(cfg)
     critic = T.build_critic(cfg, policy)
     r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
-              collector=_FakeCollector())
+              rollouts=CollectorRollouts(_FakeCollector(), policy))
     row = T.critic_pretrain_phase(r)
-    return r.collector.batches, row.get("pretrain/batches"), _digest(*critic.parameters()) if critic else None
+    return r.rollouts.collector.batches, row.get("pretrain/batches"), _digest(*critic.parameters()) if critic else None
 
 
 def probe_rollouts(cfg: TrainConfig) -> Any:
     policy, _ = _policy(cfg)
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)
-    c = r.collector
-    out = (c.episodes_per_batch, c.group_size, type(r.rollout_policy).__name__, c.state_dict().get("seed"),
+    c = r.rollouts.collector
+    out = (c.episodes_per_batch, c.group_size, type(r.rollouts.policy).__name__, c.state_dict().get("seed"),
            type(c).__name__, getattr(c, "episode", None))  # the black-box source: how its episodes run
-    c.shutdown()
+    r.rollouts.close()
     return out, policy.generator.initial_seed()
 
 
@@ -254,10 +256,10 @@ def probe_distributed(cfg: TrainConfig) -> Any:
     policy, _ = _policy(cfg)
     r = T.Run(cfg, None, policy, None, pad_id=0)
     T.start_rollouts(r)  # the Ray collector starts its workers at the first batch: no Ray needed here
-    c = r.collector
+    c = r.rollouts.collector
     out = (type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())),
            getattr(c, "start_timeout_s", None), getattr(c, "num_engines", None))
-    c.shutdown()
+    r.rollouts.close()
     return out
 
 
@@ -350,7 +352,7 @@ _SEEN: dict[tuple[str, str], Any] = {}
 
 def test_the_config_is_one_tree_with_the_wrapper_and_loss_configs_nested():
     from compactrl.algos.gae import trace_gae
-    from compactrl.training.config import CriticPPOConfig, GRPOConfig
+    from compactrl.algos.loss_config import CriticPPOConfig, GRPOConfig
     from compactrl.wrappers import ContextBudgetConfig
 
     cfg = TrainConfig()

@@ -8,7 +8,7 @@ import pytest
 
 from compactrl.policies.scripted.demonstrators import ReadingOrderOracle
 from compactrl.training.config import preset
-from compactrl.training.trainer import make_env_fns
+from compactrl.training.rollouts import make_env_fns
 from compactrl.types import PolicyRequest
 
 BUDGET = 860  # the main preset's: the first summary falls between reading the fact and fixing

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from compactrl.training.config import override, preset
+from compactrl.training.rollouts import SummaryRouter
 from compactrl.training.run_dir import RunDir
 from compactrl.training.sft import model_log_probs
-from compactrl.training.trainer import SummaryRouter, train
+from compactrl.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -104,6 +104,7 @@ def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_st
     step. ``rl.critic_pretrain_replay``: each batch joins the pool the steps draw from (one episode
     per batch here: the pool holds 1, 2, 3 episodes), at the same number of steps."""
     from compactrl.training import trainer as T
+    from compactrl.training.rollouts import CollectorRollouts
 
     cfg = override(preset("smoke"), {"rl.critic_pretrain_steps": 5, "rl.epochs": 1, "rl.minibatches": 1,
                                      "rl.critic_updates": 2, "rl.critic_pretrain_replay": replay})
@@ -119,13 +120,13 @@ def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_st
     policy = _policy()
     critic = T.build_critic(cfg, policy)
     r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
-              collector=Fresh())
+              rollouts=CollectorRollouts(Fresh(), policy))
     pools = [row["pool_episodes"] for _, row in T.critic_pretrain_batches(r, 5)]
     assert pools == ([1.0, 2.0, 3.0] if replay else [1.0, 1.0, 1.0])
     assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
-    r.collector, r.updater = Fresh(), Updater(cfg.rl, policy, critic)
+    r.rollouts, r.updater = CollectorRollouts(Fresh(), policy), Updater(cfg.rl, policy, critic)
     row = T.critic_pretrain_phase(r)
-    assert r.collector.batches == 3 and row["pretrain/batches"] == 3.0  # 2 + 2 + 1 steps
+    assert r.rollouts.collector.batches == 3 and row["pretrain/batches"] == 3.0  # 2 + 2 + 1 steps
     assert row["pretrain/pool_episodes"] == (3.0 if replay else 1.0)
     assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
     assert T.critic_pretrain_phase(T.Run(override(cfg, {"rl.critic_pretrain_steps": 0}), None, policy, None,
