@@ -12,6 +12,7 @@ from loader_helpers import FIXTURES, local_unavailable, write_tb_task
 
 from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.task import Build
 from compactrl.tasksets.terminal_bench import folders as tb
 from compactrl.tasksets.terminal_bench import local_build as tlb
 from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig, load_task_dir
@@ -48,8 +49,8 @@ def test_apt_packages_of_the_steps_and_the_solution_less_session_tools() -> None
 
 def test_a_missing_package_is_recorded_for_install_and_named_with_the_flag(cache) -> None:
     task = load_task_dir(os.path.join(LOCAL, "needs-image"), TerminalBenchConfig(backend="local"))
-    assert task.metadata["system_packages"] == ["compactrl-absent-tool"]
-    assert task.metadata["not_gradable"].endswith(
+    assert task.build.system_packages == ("compactrl-absent-tool",)
+    assert task.grading.not_gradable.endswith(
         "(apt packages not installed on this machine: compactrl-absent-tool; `compactrl tasks validate "
         "--install-system-packages` installs them here)")
 
@@ -57,7 +58,7 @@ def test_a_missing_package_is_recorded_for_install_and_named_with_the_flag(cache
 def test_install_for_tasks_installs_only_what_apt_has(monkeypatch) -> None:
     class T:
         def __init__(self, pkgs):
-            self.metadata = {"system_packages": pkgs}
+            self.build = Build(builder="x", system_packages=tuple(pkgs))
 
     calls, lines = [], []
     monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
@@ -80,7 +81,7 @@ def test_packages_are_named_only_when_nothing_else_stops_the_task(monkeypatch) -
 
     class T:
         def __init__(self, pkgs, error=None):
-            self.metadata = {"system_packages": pkgs, **({"local_build": {"error": error}} if error else {})}
+            self.build = Build(builder="x", error=error, system_packages=tuple(pkgs))
 
     monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
     monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: pkgs)
@@ -106,12 +107,12 @@ def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch)
     (folder / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y golang-go\n"
                                        "WORKDIR /app\n")
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs Go 1.22 (its image's Go or the go line of a go.mod it "
+    assert task.grading.not_gradable.startswith("needs Go 1.22 (its image's Go or the go line of a go.mod it "
                                                     "writes), newer than this machine's Go 1.19")
     (folder / "solution.sh").write_text("cat > go.mod <<'EOF'\nmodule x\n\ngo 1.18\nEOF\ngo build ./...\n")
     (folder / "Dockerfile").write_text("FROM golang:1.26-bookworm\nWORKDIR /app\n")  # the image's own Go
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs Go 1.26")
+    assert task.grading.not_gradable.startswith("needs Go 1.26")
 
 
 # --------------------------------------------------------------------------------- installers
@@ -160,9 +161,9 @@ def test_a_solution_that_changes_system_files_is_seen() -> None:
 def test_a_dockerfile_that_writes_system_files_replays_into_a_root_layer(cache) -> None:
     folder = os.path.join(LOCAL, "system-files")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["local_build"]["build"]["root_layer"] is True
-    layer = os.path.join(task.metadata["local_state"], "layer")
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.build.plan["root_layer"] is True
+    layer = os.path.join(task.runtime.state, "layer")
     with open(os.path.join(layer, "etc", "compactrl-service.ini")) as fh:
         assert fh.read() == "port=7071\n"
     assert os.access(os.path.join(layer, "usr", "local", "bin", "compactrl-greet"), os.X_OK)  # COPY kept its mode
@@ -183,12 +184,12 @@ def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
                   tests="import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
     # with the image's work dir known they run from a plain folder there (test_tb_prepare_sources.py runs one)
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["tests_moved"] == "tests/test_outputs.py" and "not_gradable" not in task.metadata
+    assert task.origin["tests_moved"] == "tests/test_outputs.py" and not task.grading.not_gradable
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local", use_dockerfile_workdir=False))
-    assert task.metadata["not_gradable"] == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
+    assert task.grading.not_gradable == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
                                              "mount point in the local sandbox (a plain folder in the image)")
     (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert open('/tests/data.txt')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 def test_go_mod_tidy_of_standard_library_code_needs_no_network() -> None:
@@ -311,11 +312,11 @@ def test_tests_that_rename_a_file_into_tmp_need_the_image(tmp_path) -> None:
                   solution="echo 'int main(){return 0;}' > mystery.c\n",
                   tests="import os\n\ndef test_x():\n    os.rename('mystery', '/tmp/mystery')\n")
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs its image: its tests rename a file into /tmp "
+    assert task.grading.not_gradable.startswith("needs its image: its tests rename a file into /tmp "
                                                     "(tests/test_outputs.py)")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).grading.not_gradable
     (folder / "tests" / "test_outputs.py").write_text("import shutil\n\ndef test_x():\n    shutil.move('a', '/tmp/a')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 # ------------------------------------------------------------- a solution acting as the image's root
@@ -358,10 +359,10 @@ def test_a_solution_that_configures_the_system_as_root_runs_in_a_root_layer(tmp_
         tests=("def test_greeting():\n    assert 'GREETING=hi' in open('/etc/skel/.bashrc').read()\n\n"
                "def test_page():\n    assert open('/var/www/site/index.html').read() == 'ok\\n'\n"))
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    build = task.metadata["local_build"]["build"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    build = task.build.plan
     assert build["root_layer"] is True and build["owned"] == [["/etc/skel", True]]
-    assert {"/run", "/var/www"} <= set(task.metadata["writable_paths"])
+    assert {"/run", "/var/www"} <= set(task.runtime.writable_paths)
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
@@ -382,9 +383,9 @@ def test_a_folder_the_steps_remove_whole_is_not_in_the_episode(tmp_path, cache) 
         tests=("import os\n\ndef test_b():\n    assert open('/app/b.txt').read() == 'hi\\n'\n\n"
                "def test_no_build():\n    assert not os.path.exists('/build')\n"))
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["local_build"]["build"]["gone"] == ["/build"]
-    assert "/build" not in task.metadata["writable_paths"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.build.plan["gone"] == ["/build"]
+    assert "/build" not in task.runtime.writable_paths
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
@@ -402,7 +403,7 @@ def test_a_test_script_install_prepare_cannot_do_is_flagged(tmp_path) -> None:
     write_tb_task(folder, instruction="x", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n",
                   solution="echo ok > out.txt\n", tests="def test_x():\n    pass\n", **{"run-tests.sh": script})
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == (
+    assert task.grading.not_gradable == (
         "needs network: the test script runs pip install from the package index https://download.pytorch.org/whl/cpu "
         "(not PyPI, which prepare installs from); prepare installs what test scripts install from PyPI only")
 
@@ -415,14 +416,14 @@ def test_tests_that_fetch_from_the_network_are_flagged(tmp_path) -> None:
                   tests=("import os\n\ndef test_curl():\n    os.popen('curl example.com > /app/example.html').read()\n"
                          "    assert open('/app/example.html').read()\n"))
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == ("needs network: its tests fetch from the network at test time "
+    assert task.grading.not_gradable == ("needs network: its tests fetch from the network at test time "
                                              "(tests/test_outputs.py fetches example.com; the local sandbox has none)")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).grading.not_gradable
     # this machine's own servers are not the network
     (folder / "tests" / "test_outputs.py").write_text(
         "import requests\n\ndef test_up():\n    requests.get('http://localhost:8080/health')\n"
         "    os.popen('curl -s http://127.0.0.1:5000/x')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 def test_hub_downloads_by_command_line_tools_are_seen() -> None:

@@ -10,7 +10,7 @@ episode and decides, per ``RUN``, what the local sandbox can do:
   inside); ``apt-get update``, ``chown``, ``useradd`` and the like are no-ops here;
 * what cannot be mapped (a package this machine lacks, ``curl``/``wget``/``git clone``, ``npm``,
   ``cargo install``, ``go install``, ``uvx``, a ``pip install`` of a local project, ``COPY --from``,
-  ``ADD`` of a URL...) makes the task ``metadata["not_gradable"] = "needs its image: <the step>"``;
+  ``ADD`` of a URL...) makes the task's ``grading.not_gradable`` "needs its image: <the step>";
 * every other command runs, in order, inside a local sandbox (``/bin/sh -c``, as the engine runs
   ``RUN``), with the ``ENV`` seen so far and the current ``WORKDIR``; ``COPY`` outside the work dir
   is staged and copied there.
@@ -20,7 +20,7 @@ result under ``<cache>/<task id>-<key>/``: ``work/`` (the work dir, with modes),
 the steps wrote outside the work dir: ``/root``, ``/opt``, ``/data``...), ``site/`` (pip's target)
 and ``state.json``. A step that fails there makes the task not gradable with the step, its exit
 code and its output's tail. The local sandbox restores ``work/`` and ``roots.tar`` at the start of
-every episode (``metadata["local_state"]``); nothing is downloaded during an episode.
+every episode (``Task.runtime.state``); nothing is downloaded during an episode.
 """
 
 from __future__ import annotations
@@ -518,7 +518,7 @@ def _satisfied(requirement: str) -> bool:
 
 @dataclass
 class Plan:
-    """What the local backend does for one task's Dockerfile (JSON in ``metadata["local_build"]``)."""
+    """What the local backend does for one task's Dockerfile (JSON in ``Task.build.plan``)."""
 
     key: str
     steps: list[dict] = field(default_factory=list)
@@ -1155,15 +1155,15 @@ SYSTEM_PACKAGES_RECORD = os.path.join(os.path.expanduser("~"), ".cache", "compac
 
 def install_for_tasks(tasks, echo=print, record: str | None = None) -> list[str]:
     """Install (apt) the system packages that tasks' Dockerfiles or reference solutions install and
-    this machine lacks (``metadata["system_packages"]``, set by the Terminal-Bench loader), when apt
+    this machine lacks (``Task.build.system_packages``, set by the Terminal-Bench loader), when apt
     has them; prints what it does and what apt lacks. Returns the packages installed (the caller loads
     the tasks again: they are then planned with the packages present)."""
     wanted: list[str] = []
     for task in tasks:
-        error = (task.metadata.get("local_build") or {}).get("error") or ""
+        error = (task.build.error if task.build else None) or ""
         if error and INSTALL_HINT not in error:
             continue  # something else stops it (network, its image): the packages would not help
-        wanted += [p for p in task.metadata.get("system_packages") or () if p not in wanted]
+        wanted += [p for p in (task.build.system_packages if task.build else ()) if p not in wanted]
     if not wanted:
         echo("system packages: every package the tasks install is on this machine")
         return []
@@ -1174,7 +1174,7 @@ def install_for_tasks(tasks, echo=print, record: str | None = None) -> list[str]
     todo = [p for p, d in decision.items() if d == "installable"]
     if not todo:
         return []
-    echo(f"installing system packages for {sum(bool(t.metadata.get('system_packages')) for t in tasks)} task(s): "
+    echo(f"installing system packages for {sum(bool(t.build and t.build.system_packages) for t in tasks)} task(s): "
          f"{' '.join(todo)} (recorded in {record or SYSTEM_PACKAGES_RECORD})")
     return install_system_packages(todo, record or SYSTEM_PACKAGES_RECORD, echo)
 
@@ -1435,7 +1435,7 @@ def state_dir(task_id: str, build: dict, cache: str | None = None) -> str:
 
 
 def with_local_state(task, cache: str | None = None):
-    """``task`` with its prepared state (``metadata["local_state"]``): from the cache, or built now
+    """``task`` with its prepared state (``Task.runtime.state``): from the cache, or built now
     without downloads (a task that needs packages fetched must be prepared before its episode: the
     loader with ``prepare=True``, or ``compactrl tasks validate``). A state that cannot be prepared is a
     :class:`~compactrl.sandbox.SandboxError` naming the task, as any infrastructure failure."""
@@ -1447,16 +1447,15 @@ def with_local_state(task, cache: str | None = None):
         state = prepare(task, cache, allow_download=False)
     except PrepareError as e:
         raise SandboxError(f"task {task.id}: {e}") from None
-    return dataclasses.replace(task, metadata={**task.metadata, "local_state": state})
+    return dataclasses.replace(task, runtime=dataclasses.replace(task.runtime, state=state))
 
 
 def prepare(task, cache: str | None = None, *, allow_download: bool = True, timeout_s: float = 900.0,
             sandbox_options: dict | None = None) -> str:
     """The task's prepared state folder (built now if absent). Raises :class:`PrepareError`."""
-    entry = task.metadata["local_build"]
-    if entry.get("error"):
-        raise PrepareError(entry["error"])
-    build = entry["build"]
+    if task.build.error:
+        raise PrepareError(task.build.error)
+    build = task.build.plan
     dest = state_dir(task.id, build, cache)
     done = os.path.join(dest, "state.json")
     if os.path.isfile(done):
@@ -1521,7 +1520,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     """Run the plan into ``out`` (``work/``, ``roots.tar``, ``site/``, and with ``root`` the steps run as
     root with ``layer/`` receiving what they change under the system folders); the failure reason or None."""
     from compactrl.sandbox.local import LocalSandbox
-    from compactrl.task import Check, Task
+    from compactrl.task import Check, Runtime, Task
 
     site = os.path.join(out, "site")
     if build.get("pip"):
@@ -1566,10 +1565,10 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
              for i, (src, _dest, inline) in enumerate(outs)}
     files = {**task.files, **{k: v for k, v in stage.items() if v is not None}}
-    meta = {k: task.metadata[k] for k in ("workdir", "writable_paths") if k in task.metadata}
-    meta["writable_paths"] = sorted({*meta.get("writable_paths", ()), *build.get("roots", ())})
+    runtime = Runtime(workdir=task.runtime.workdir, env=_site_env(build.get("env") or {}, site),
+                      writable_paths=tuple(sorted({*task.runtime.writable_paths, *build.get("roots", ())})))
     box = Task(id=task.id, kind="terminal", instruction="prepare", files=files, check=Check(kind="script", command="true"),
-               metadata=meta | {"env": _site_env(build.get("env") or {}, site)})
+               runtime=runtime)
     layer = os.path.join(out, "layer")
     if root:
         os.mkdir(layer, 0o755)
@@ -1582,7 +1581,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                                "ro_binds": (out, *tool_roots)} | options))
     sandbox.start(box)
     try:
-        modes = [shlex.quote(p) for p in task.metadata.get("executable_files") or () if p in task.files]
+        modes = [shlex.quote(p) for p in task.build.executable_files if p in task.files]
         if modes:  # the modes COPY keeps
             sandbox.exec(f"chmod +x -- {' '.join(modes)}")
         index = 0
@@ -1988,7 +1987,7 @@ def wheelhouse_env(env: dict[str, str]) -> dict[str, str]:
 
 def _python_mismatch(task) -> str:
     """`` (its image's Python is 3.8, the sandbox's 3.11)`` when the Dockerfile's base is another Python."""
-    path = (task.metadata.get("image_build") or {}).get("dockerfile") or ""
+    path = task.runtime.image_build.dockerfile if task.runtime.image_build else ""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             m = re.search(r"(?im)^FROM\s+(?:\S+/)?python:(\d+\.\d+)", fh.read())
@@ -1999,13 +1998,12 @@ def _python_mismatch(task) -> str:
 
 
 def _context_executable(task, src: str) -> bool:
-    path = os.path.join((task.metadata.get("image_build") or {}).get("context", ""), src)
+    path = os.path.join(task.runtime.image_build.context if task.runtime.image_build else "", src)
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _read_context(task, src: str) -> str | None:
-    build = task.metadata.get("image_build") or {}
-    path = os.path.join(build.get("context", ""), src)
+    path = os.path.join(task.runtime.image_build.context if task.runtime.image_build else "", src)
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as fh:
