@@ -26,8 +26,6 @@ KNOWN_PRIVATE: set[tuple[str, str]] = {
     ("compactrl.distributed.collector", "compactrl.collectors.trace_collector._Slot"),
     ("compactrl.gateway.constrain", "compactrl.policies.transformers_policy._draw"),
     ("compactrl.policies.scripted.code", "compactrl.tasksets.generators._facts.code_value"),
-    ("compactrl.tasksets.terminal_bench.dockerfile", "compactrl.sandbox._shell.HEREDOC"),
-    ("compactrl.tasksets.terminal_bench.local_build", "compactrl.sandbox._shell.HEREDOC"),
 }
 
 

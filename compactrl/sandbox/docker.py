@@ -44,8 +44,8 @@ from compactrl.sandbox._common import (
     report_from_run,
     work_rel,
 )
-from compactrl.sandbox._shell import HEREDOC
 from compactrl.sandbox.base import ExecResult, SandboxError, TestReport
+from compactrl.sandbox.shell_syntax import HEREDOC
 from compactrl.task import Check, Task
 from compactrl.tasksets.terminal_bench import base_images
 from compactrl.tasksets.terminal_bench.base_images import GRADER_DIR, dockerfile_bases

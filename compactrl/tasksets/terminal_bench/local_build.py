@@ -42,7 +42,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from compactrl.sandbox._shell import HEREDOC
+from compactrl.sandbox.shell_syntax import HEREDOC
 from compactrl.tasksets.terminal_bench.files import read_limited
 
 log = logging.getLogger(__name__)
