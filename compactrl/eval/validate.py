@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     args.tasks = args.source
     tasks = _load_tasks(args)
     if getattr(args, "install_system_packages", False):
-        from compactrl.tasksets.terminal_bench.local_build import install_for_tasks
+        from compactrl.tasksets.system_packages import install_for_tasks
 
         if install_for_tasks(tasks):
             tasks = _load_tasks(args)

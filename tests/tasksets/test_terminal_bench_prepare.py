@@ -13,6 +13,7 @@ from loader_helpers import FIXTURES, local_unavailable, write_tb_task
 from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 from compactrl.task import Build
+from compactrl.tasksets import system_packages as syspkg
 from compactrl.tasksets.terminal_bench import folders as tb
 from compactrl.tasksets.terminal_bench import local_build as tlb
 from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig, load_task_dir
@@ -24,14 +25,14 @@ LOCAL = os.path.join(FIXTURES, "terminal_bench_local")
 def test_apt_decision_per_package_without_installing() -> None:
     installed = {"make", "python3"}
     candidates = {"gfortran": "4:12.2.0-3", "gnucobol3": "3.1.2-5"}
-    decision = tlb.apt_decision(["make", "gfortran", "gnucobol3", "compactrl-absent-tool"],
+    decision = syspkg.apt_decision(["make", "gfortran", "gnucobol3", "compactrl-absent-tool"],
                                 has=lambda p: p in installed, candidate=candidates.get)
     assert decision == {"make": "installed", "gfortran": "installable", "gnucobol3": "installable",
                         "compactrl-absent-tool": "unavailable"}
 
 
 def test_a_solution_continued_over_lines_is_read_as_the_shell_reads_it(monkeypatch) -> None:
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "libopenmpi-dev")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name != "libopenmpi-dev")
     solution = "apt-get update && apt-get install -y \\\n    gcc \\\n    libopenmpi-dev\nmpicc -o sim sim.c\n"
     assert tlb.apt_packages([], [solution]) == ["gcc", "libopenmpi-dev"]
     assert tlb.solution_network(solution).startswith("apt-get install libopenmpi-dev, which this machine lacks")
@@ -61,38 +62,38 @@ def test_install_for_tasks_installs_only_what_apt_has(monkeypatch) -> None:
             self.build = Build(builder="x", system_packages=tuple(pkgs))
 
     calls, lines = [], []
-    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
+    monkeypatch.setattr(syspkg, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
                                                            for p in pkgs})
-    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: calls.append(pkgs) or pkgs)
-    assert tlb.install_for_tasks([T(["gfortran", "nope"]), T(["gfortran", "dos2unix"]), T([])], lines.append) == [
+    monkeypatch.setattr(syspkg, "install_system_packages", lambda pkgs, record, echo: calls.append(pkgs) or pkgs)
+    assert syspkg.install_for_tasks([T(["gfortran", "nope"]), T(["gfortran", "dos2unix"]), T([])], lines.append) == [
         "gfortran", "dos2unix"]
     assert calls == [["gfortran", "dos2unix"]]
     assert lines[0] == "system packages apt has no candidate for (those tasks stay not gradable): nope"
 
 
 def test_packages_are_named_only_when_nothing_else_stops_the_task(monkeypatch) -> None:
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "qemu-utils")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name != "qemu-utils")
     apt = {"op": "run", "command": "apt-get update && apt-get install -y qemu-utils", "workdir": "/"}
     fetch = {"op": "run", "command": "wget -q https://example.org/alpine.iso -O /app/alpine.iso", "workdir": "/"}
     # a later step that needs the network is the reason: installing qemu-utils would not make it gradable
     assert tlb.plan([apt, fetch], {}, "", "/app", "k")[1].startswith("needs its image: RUN wget")
     alone = tlb.plan([apt, {"op": "run", "command": "echo ok > /app/x", "workdir": "/"}], {}, "", "/app", "k")[1]
-    assert alone.startswith("needs its image: RUN apt-get update") and tlb.INSTALL_HINT in alone
+    assert alone.startswith("needs its image: RUN apt-get update") and syspkg.INSTALL_HINT in alone
 
     class T:
         def __init__(self, pkgs, error=None):
             self.build = Build(builder="x", error=error, system_packages=tuple(pkgs))
 
-    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
-    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: pkgs)
+    monkeypatch.setattr(syspkg, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
+    monkeypatch.setattr(syspkg, "install_system_packages", lambda pkgs, record, echo: pkgs)
     tasks = [T(["clang"], "needs its image: RUN git clone https://github.com/o/n (...)"), T(["qemu-utils"], alone)]
-    assert tlb.install_for_tasks(tasks, lambda line: None) == ["qemu-utils"]
+    assert syspkg.install_for_tasks(tasks, lambda line: None) == ["qemu-utils"]
 
 
 def test_installing_needs_root(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="needs root"):
-        tlb.install_system_packages(["gfortran"], None, print)
+        syspkg.install_system_packages(["gfortran"], None, print)
 
 
 def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch) -> None:
@@ -281,7 +282,7 @@ def test_a_verifier_that_installs_what_prepare_installed_runs_as_published(monke
     # installs are no-ops offline, so its own work (a build, a server) is not skipped by a pytest fallback
     from compactrl.tasksets.terminal_bench.folders import offline_uvx
 
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name == "curl")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name == "curl")
     script = offline_uvx(tlb.offline_installs(HARBOR_TEMPLATE))
     assert "apt-get" not in script and "astral.sh" not in script and ".local/bin/env" not in script
     assert "go build -o /app/server . && (/app/server &)" in script and "until curl -s http://localhost:8080" in script
@@ -341,8 +342,8 @@ def test_a_solution_that_manages_users_is_recognised() -> None:
 
 @pytest.mark.skipif(not shutil.which("dpkg-query"), reason="dpkg-query lists what a package owns")
 def test_the_folders_a_package_owns_under_var_are_found() -> None:
-    assert "/var/lib/dpkg" in tlb.package_dirs(["dpkg"])
-    assert tlb.package_dirs(["compactrl-absent-tool"]) == []
+    assert "/var/lib/dpkg" in syspkg.package_dirs(["dpkg"])
+    assert syspkg.package_dirs(["compactrl-absent-tool"]) == []
 
 
 @pytest.mark.timeout(600)

@@ -46,14 +46,13 @@ from typing import Any
 
 from compactrl.sandbox.tb_verdict import REWARD_BEGIN, REWARD_END
 from compactrl.task import Build, Check, Grading, ImageBuild, Limits, Reference, Runtime, Step, Task
+from compactrl.tasksets.system_packages import GO_PACKAGES, host_has_package
 from compactrl.tasksets.terminal_bench.build import MODULE as BUILDER_MODULE
 from compactrl.tasksets.terminal_bench.build import prepare_at_load
 from compactrl.tasksets.terminal_bench.files import executable_files, read_limited, task_files
 from compactrl.tasksets.terminal_bench.local_build import (
     BASE_PATH,
-    GO_PACKAGES,
     Plan,
-    _host_has_package,
     apt_packages,
     digest_of,
     go_requirement,
@@ -536,7 +535,7 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
         # as the image's root: what it writes there is the sandbox user's in the task's root layer
         if plan is None:  # nothing of the Dockerfile's to replay
             plan = Plan(key=digest, env={"PATH": BASE_PATH})
-        grant_system_writes(plan, _solutions(meta), [p for p in packages if _host_has_package(p)])
+        grant_system_writes(plan, _solutions(meta), [p for p in packages if host_has_package(p)])
     elif writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
                            f"({writes}); the local sandbox's shell is unprivileged (a root layer needs compactrl to "
@@ -548,7 +547,7 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
     if go_why:
         plan, why = None, go_why
-    elif missing := [p for p in packages if not _host_has_package(p)]:
+    elif missing := [p for p in packages if not host_has_package(p)]:
         # what `compactrl tasks validate --install-system-packages` installs on this machine
         meta["system_packages"] = missing
     if not spec.dockerfile and not why:
