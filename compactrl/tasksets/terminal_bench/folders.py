@@ -474,9 +474,35 @@ def _solutions(meta: dict) -> str | None:
 def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
     """``Task.build``: how the local backend replays the Dockerfile (``{"build": plan}``),
     or why it cannot (``{"error": "needs its image: <the step>"}``); nothing when there is nothing to replay."""
+    plan, why = _replay_plan(spec, facts, files, config, meta)
+    plan, why = _test_time_reasons(spec, facts, config, meta, plan, why)
+    packages = apt_packages(facts.steps, [_solutions(meta)])
+    plan, why = _solution_privileges(spec, meta, plan, why, packages)
+    go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
+    if go_why:
+        plan, why = None, go_why
+    elif missing := [p for p in packages if not host_has_package(p)]:
+        # what `compactrl tasks validate --install-system-packages` installs on this machine
+        meta["system_packages"] = missing
+    if not spec.dockerfile and not why:
+        return
+    _record_build(meta, plan, why, config)
+    if toolchain and not why:
+        _use_toolchain(meta, toolchain, facts)
+
+
+def _digest(spec: TaskSpec) -> str:
+    """The key of the task's prepared state: its Dockerfile, its context and this interpreter."""
+    return digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
+
+
+def _replay_plan(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig,
+                 meta: dict) -> tuple[Plan | None, str | None]:
+    """``(plan, why)``: the Dockerfile's steps planned for the local backend, or why they cannot be (a step
+    only the image can run, services, the reference solution's network)."""
     plan, why = None, None
     if spec.dockerfile:
-        digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
+        digest = _digest(spec)
         tests = "\n".join(filter(None, [text for one in spec.steps or [spec] for text in [
             one.run_tests, one.test_sh, *(_text(os.path.join(one.folder, "tests", rel)) for rel in one.test_files
                                           if rel.endswith(".sh"))]]))
@@ -500,6 +526,14 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     fetch = solution_network(_solutions(meta), has_project=any(os.path.basename(p) == "pyproject.toml" for p in files))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
+    return plan, why
+
+
+def _test_time_reasons(spec: TaskSpec, facts, config: TerminalBenchConfig, meta: dict, plan: Plan | None,
+                       why: str | None) -> tuple[Plan | None, str | None]:
+    """``(plan, why)`` after what the tests do at test time that the local sandbox cannot (move ``/tests``
+    away, fetch from the network, rename into ``/tmp``); a work dir the tests may move sets
+    ``meta["tests_moved"]``."""
     moves = next(filter(None, map(_tests_move_tests_dir, spec.steps or [spec])), None)
     if moves and facts.workdir and config.use_dockerfile_workdir and config.backend != "docker":
         # run from a plain folder in the work dir, which the tests can move (see _tests_in_workdir)
@@ -515,7 +549,13 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if renames and not why and config.backend != "docker":
         plan, why = None, (f"needs its image: its tests rename a file into /tmp ({renames}), which fails across file "
                            "systems (EXDEV): the local sandbox's /tmp is a file system of its own, the image's is not")
-    packages = apt_packages(facts.steps, [_solutions(meta)])
+    return plan, why
+
+
+def _solution_privileges(spec: TaskSpec, meta: dict, plan: Plan | None, why: str | None,
+                         packages: list[str]) -> tuple[Plan | None, str | None]:
+    """``(plan, why)`` after what the reference solution needs the image's root for (users, an SSH server,
+    system files): granted in the task's root layer when compactrl runs as root, else a reason."""
     users = solution_users(_solutions(meta))
     # as root here, the shell can be root in a user namespace of its own, where the users it adds exist
     image_root = bool(users) and not why and bool(spec.dockerfile) and os.geteuid() == 0
@@ -534,7 +574,7 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if writes and not why and spec.dockerfile and os.geteuid() == 0:
         # as the image's root: what it writes there is the sandbox user's in the task's root layer
         if plan is None:  # nothing of the Dockerfile's to replay
-            plan = Plan(key=digest, env={"PATH": BASE_PATH})
+            plan = Plan(key=_digest(spec), env={"PATH": BASE_PATH})
         grant_system_writes(plan, _solutions(meta), [p for p in packages if host_has_package(p)])
     elif writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
@@ -542,16 +582,14 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
                            "run as root)")
     if image_root and not why:
         if plan is None:
-            plan = Plan(key=digest, env={"PATH": BASE_PATH})
+            plan = Plan(key=_digest(spec), env={"PATH": BASE_PATH})
         grant_users(plan, users)
-    go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
-    if go_why:
-        plan, why = None, go_why
-    elif missing := [p for p in packages if not host_has_package(p)]:
-        # what `compactrl tasks validate --install-system-packages` installs on this machine
-        meta["system_packages"] = missing
-    if not spec.dockerfile and not why:
-        return
+    return plan, why
+
+
+def _record_build(meta: dict, plan: Plan | None, why: str | None, config: TerminalBenchConfig) -> None:
+    """``meta``'s ``image_only``, ``local_build``, ``not_gradable``, ``image_root``, ``env``, ``writable_paths``
+    and ``local_notes`` from the plan, or from why there is none."""
     # what the local backend cannot replay is now exactly the reason below (the rest is replayed or mapped)
     meta["image_only"] = [why] if why else []
     if why:
@@ -576,8 +614,6 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
                                                                                  if r not in plan.gone)]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
-    if toolchain and not why:
-        _use_toolchain(meta, toolchain, facts)
 
 
 def _use_toolchain(meta: dict, rec: dict, facts) -> None:
