@@ -376,32 +376,9 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         if fetch:
             return Segment(text, words, "image", f"{os.path.basename(targets[0])} downloads {fetch}")
     if cmd in ("bash", "sh") and targets and targets[0].endswith(".sh"):
-        # a build script from the context: what it runs counts as the step's (its exit status may hide a
-        # failed download, e.g. a `git clone` followed by more commands)
-        script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
-                               files, context) or _context_text(os.path.basename(targets[0]), files, context)
-        clones: list[str] = []
-        wheels: list[str] = []  # what the uv project it builds installs (from the wheelhouse, offline)
-        uv_project = False
-        for line in script_lines(script):
-            line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
-            for inner, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):  # the installer is served
-                seg = classify(inner, files, context)
-                uv_project = uv_project or _uv_subcommand(seg.words) == "init"
-                if uv_project and (uv_project_offline(seg.words) or seg.action == "pip" and seg.words[0] == "uv"):
-                    reqs = seg.detail if seg.action == "pip" else uv_add_requirements(seg.words)
-                    wheels += [r for r in reqs if r not in wheels]
-                    continue
-                if seg.action == "image":
-                    return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
-                if seg.action == "git":
-                    clones += seg.detail
-        if clones:  # the clones it runs, from a git mirror (see plan)
-            return Segment(text, words, "git", clones)
-        served = served_installers(script)
-        if served or wheels:  # run as written, with the installer served and the project's wheels at hand
-            return Segment(text, words, "script", {"script": os.path.basename(targets[0]), "served": served,
-                                                   "wheels": wheels})
+        found = _classify_build_script(text, words, targets[0], files, context)
+        if found is not None:
+            return found
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
@@ -413,7 +390,37 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
             return Segment(text, words, "image", f"removes {absent[0]}, which this machine lacks (the image's own "
                                                  "system files)")
     return Segment(text, words, "run")
-    return Segment(text, words, "run")
+
+
+def _classify_build_script(text: str, words: list[str], target: str, files: dict[str, str],
+                           context: str) -> Segment | None:
+    """A build script from the context (``bash build.sh``): what it runs counts as the step's (its exit status
+    may hide a failed download, e.g. a ``git clone`` followed by more commands). None: an ordinary run."""
+    script = _context_text(target.replace("/app/", "", 1) if target.startswith("/") else target,
+                           files, context) or _context_text(os.path.basename(target), files, context)
+    clones: list[str] = []
+    wheels: list[str] = []  # what the uv project it builds installs (from the wheelhouse, offline)
+    uv_project = False
+    for line in script_lines(script):
+        line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
+        for inner, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):  # the installer is served
+            seg = classify(inner, files, context)
+            uv_project = uv_project or _uv_subcommand(seg.words) == "init"
+            if uv_project and (uv_project_offline(seg.words) or seg.action == "pip" and seg.words[0] == "uv"):
+                reqs = seg.detail if seg.action == "pip" else uv_add_requirements(seg.words)
+                wheels += [r for r in reqs if r not in wheels]
+                continue
+            if seg.action == "image":
+                return Segment(text, words, "image", f"{os.path.basename(target)} runs {seg.detail}")
+            if seg.action == "git":
+                clones += seg.detail
+    if clones:  # the clones it runs, from a git mirror (see plan)
+        return Segment(text, words, "git", clones)
+    served = served_installers(script)
+    if served or wheels:  # run as written, with the installer served and the project's wheels at hand
+        return Segment(text, words, "script", {"script": os.path.basename(target), "served": served,
+                                               "wheels": wheels})
+    return None
 
 
 # npm subcommands that install from the registry (fetched at prepare time, then run offline) and ones
@@ -1398,43 +1405,9 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     from compactrl.task import Check, Runtime, Task
 
     site = os.path.join(out, "site")
-    if build.get("pip"):
-        os.makedirs(site)
-        # wheels only: a requirement with none for this interpreter (numpy 1.21 on Python 3.11) is the
-        # image's, not something to compile here for half an hour
-        failed = _pip_wheels_into(site, build["pip"], timeout_s, tail_lines=3)
-        if failed:
-            return (f"needs its image: pip install {' '.join(build['pip'])} ({failed})"
-                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
-    if build.get("wheelhouse"):
-        os.makedirs(site, exist_ok=True)  # the episode names the wheelhouse as site/../wheelhouse
-        _pip_commands(os.path.join(out, "pybin"))
-        failed = _pip_download(os.path.join(out, "wheelhouse"), build["wheelhouse"], timeout_s)
-        if failed:
-            return (f"needs its image: downloading {' '.join(build['wheelhouse'])} into the wheelhouse ({failed})"
-                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
-    for url in build.get("downloads") or ():  # hard links to the cache (the same file system), or copies
-        from compactrl.tasksets.terminal_bench import downloads as tb_downloads
-
-        try:
-            got = tb_downloads.fetch(url, timeout_s=timeout_s)
-        except tb_downloads.DownloadError as e:
-            return f"needs its image: {e}"
-        folder = os.path.join(out, "downloads")
-        os.makedirs(folder, mode=0o755, exist_ok=True)
-        target = os.path.join(folder, os.path.basename(url))
-        try:
-            os.link(got, target)
-        except OSError:
-            shutil.copy2(got, target)
-    for req in build.get("tools") or ():
-        target = os.path.join(out, "tools", req.replace("==", "-"))
-        failed = _pip_wheels_into(target, ["--no-deps", req], timeout_s, tail_lines=2)
-        if failed:
-            return f"needs its image: {req} from PyPI for its installer step ({failed})"
-    if build.get("served"):
-        os.makedirs(site, exist_ok=True)  # the episode names pybin as site/../pybin
-        write_served(os.path.join(out, "pybin"), build["served"])
+    failed = _fetch_packages(task, build, out, site, timeout_s)
+    if failed:
+        return failed
     outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
             for src, dest in s["pairs"]]
     stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
@@ -1480,19 +1453,7 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                 npm_prefix = (f"mkdir -p {shlex.quote(home)}/.npm && cp -a {shlex.quote(out)}/npm-cache/. "
                               f"{shlex.quote(home)}/.npm/ && export npm_config_cache={shlex.quote(home)}/.npm "
                               "npm_config_offline=true npm_config_audit=false npm_config_fund=false; ")
-            env = _site_env(step["env"], site)
-            # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
-            # so repositories there are marked safe; clones come from the mirror when there is one
-            env = {**env, **git_mirror_env(build.get("git_mirror"))}
-            if build.get("served"):  # a build script's uv installer served, its uv project built offline (write_served)
-                env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
-                       **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
-                          if build.get("wheelhouse") else {})}
-            if step.get("uv_offline"):  # `uv init`/`uv add`/`uv sync` of the image's project, from the wheelhouse
-                env = {**env, "UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
-                       "UV_PYTHON_DOWNLOADS": "never"}
-            for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
-                env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
+            env = _step_env(step, build, out, site)
             exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
             # the host's toolchains outside the system folders (a Go in /usr/lib/go-1.NN, rustup's cargo) stand
             # for the image's own (golang:1.22 has Go on its PATH): after the image's PATH, as in an episode
@@ -1509,31 +1470,99 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
                     return (f"needs network: RUN {step['command'].strip()[:160]} (failed here: {what}: it fetches from "
                             f"the network, which the sandbox has none of: {reached})")
                 return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
-        if build.get("dirs"):
-            res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
-            if res.exit_code != 0:
-                return f"needs its image: its packages' folders ({res.output.strip()[-200:]})"
-        for path, recursive in build.get("owned") or () if root else ():
-            # changing a file's owner in the overlay copies it up into the layer (_finish_layer gives it to the
-            # sandbox's user); its owner stays root's until then
-            res = sandbox.exec(f"chown {'-R ' if recursive else ''}-h 0:0 -- {shlex.quote(path)}")
-            if res.exit_code != 0:
-                return f"needs its image: the system files its solution writes ({res.output.strip()[-200:]})"
-        _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")
-                                            and r not in build.get("gone", ())])
-        work = os.path.join(sandbox.session_dir, "work")
-        tar = os.path.join(work, ROOTS_TAR)
-        if os.path.isfile(tar) and os.path.getsize(tar) > 0:
-            shutil.move(tar, os.path.join(out, "roots.tar"))
-        elif os.path.exists(tar):
-            os.remove(tar)
-        shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
-        shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
-        shutil.rmtree(os.path.join(out, "downloads"), ignore_errors=True)  # used by the steps; the cache keeps them
+        return _keep_state(sandbox, build, out, timeout_s, root)
     finally:
         sandbox.close()
         if root:
             _finish_layer(layer, sandbox.config.sandbox_uid)
+
+
+def _fetch_packages(task, build: dict, out: str, site: str, timeout_s: float) -> str | None:
+    """What the plan installs from the network, fetched into ``out`` before the steps run: pip's target
+    (``site``), the wheelhouse, release downloads, installer tools, served installers; the failure or None."""
+    if build.get("pip"):
+        os.makedirs(site)
+        # wheels only: a requirement with none for this interpreter (numpy 1.21 on Python 3.11) is the
+        # image's, not something to compile here for half an hour
+        failed = _pip_wheels_into(site, build["pip"], timeout_s, tail_lines=3)
+        if failed:
+            return (f"needs its image: pip install {' '.join(build['pip'])} ({failed})"
+                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
+    if build.get("wheelhouse"):
+        os.makedirs(site, exist_ok=True)  # the episode names the wheelhouse as site/../wheelhouse
+        _pip_commands(os.path.join(out, "pybin"))
+        failed = _pip_download(os.path.join(out, "wheelhouse"), build["wheelhouse"], timeout_s)
+        if failed:
+            return (f"needs its image: downloading {' '.join(build['wheelhouse'])} into the wheelhouse ({failed})"
+                    + (_python_mismatch(task) if failed.startswith("pip failed") else ""))
+    for url in build.get("downloads") or ():  # hard links to the cache (the same file system), or copies
+        from compactrl.tasksets.terminal_bench import downloads as tb_downloads
+
+        try:
+            got = tb_downloads.fetch(url, timeout_s=timeout_s)
+        except tb_downloads.DownloadError as e:
+            return f"needs its image: {e}"
+        folder = os.path.join(out, "downloads")
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        target = os.path.join(folder, os.path.basename(url))
+        try:
+            os.link(got, target)
+        except OSError:
+            shutil.copy2(got, target)
+    for req in build.get("tools") or ():
+        target = os.path.join(out, "tools", req.replace("==", "-"))
+        failed = _pip_wheels_into(target, ["--no-deps", req], timeout_s, tail_lines=2)
+        if failed:
+            return f"needs its image: {req} from PyPI for its installer step ({failed})"
+    if build.get("served"):
+        os.makedirs(site, exist_ok=True)  # the episode names pybin as site/../pybin
+        write_served(os.path.join(out, "pybin"), build["served"])
+    return None
+
+
+def _step_env(step: dict, build: dict, out: str, site: str) -> dict[str, str]:
+    """The environment of one ``RUN`` step: the image's, its site folder, the git mirror, a served uv
+    installer and the wheelhouse, the toolchains fetched for it."""
+    env = _site_env(step["env"], site)
+    # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
+    # so repositories there are marked safe; clones come from the mirror when there is one
+    env = {**env, **git_mirror_env(build.get("git_mirror"))}
+    if build.get("served"):  # a build script's uv installer served, its uv project built offline (write_served)
+        env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
+               **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
+                  if build.get("wheelhouse") else {})}
+    if step.get("uv_offline"):  # `uv init`/`uv add`/`uv sync` of the image's project, from the wheelhouse
+        env = {**env, "UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
+               "UV_PYTHON_DOWNLOADS": "never"}
+    for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
+        env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
+    return env
+
+
+def _keep_state(sandbox, build: dict, out: str, timeout_s: float, root: bool) -> str | None:
+    """After the steps: the packages' folders made, the system files the solution writes owned as the image
+    has them, and what the steps wrote kept in ``out`` (``roots.tar``, ``work/``); the failure or None."""
+    if build.get("dirs"):
+        res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
+        if res.exit_code != 0:
+            return f"needs its image: its packages' folders ({res.output.strip()[-200:]})"
+    for path, recursive in build.get("owned") or () if root else ():
+        # changing a file's owner in the overlay copies it up into the layer (_finish_layer gives it to the
+        # sandbox's user); its owner stays root's until then
+        res = sandbox.exec(f"chown {'-R ' if recursive else ''}-h 0:0 -- {shlex.quote(path)}")
+        if res.exit_code != 0:
+            return f"needs its image: the system files its solution writes ({res.output.strip()[-200:]})"
+    _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")
+                                        and r not in build.get("gone", ())])
+    work = os.path.join(sandbox.session_dir, "work")
+    tar = os.path.join(work, ROOTS_TAR)
+    if os.path.isfile(tar) and os.path.getsize(tar) > 0:
+        shutil.move(tar, os.path.join(out, "roots.tar"))
+    elif os.path.exists(tar):
+        os.remove(tar)
+    shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
+    shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
+    shutil.rmtree(os.path.join(out, "downloads"), ignore_errors=True)  # used by the steps; the cache keeps them
     return None
 
 
