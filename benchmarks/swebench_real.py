@@ -86,7 +86,7 @@ def _run(task, policy, logs_dir: str, name: str) -> dict:
     log = split_graded_output(output)
     found = EXIT.search(output)
     exit_code = int(found.group(1)) if found else None
-    meta = task.metadata
+    meta = task.origin
     path = os.path.join(logs_dir, f"{task.id}.{name}.log")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(log)
@@ -195,10 +195,10 @@ def main() -> int:
         rec = prepared[task.id]
         base = {"id": task.id, "set": ("Lite" if task.id in lite else "Verified") if lite else "?",
                 **{k: rec.get(k) for k in ("env", "python_requested", "python_version", "env_build_s", "install_s")}}
-        if task.metadata.get("not_gradable"):
-            flagged[task.id] = task.metadata["not_gradable"]
-            results.append({**base, "not_gradable": task.metadata["not_gradable"]})
-            print(f"{task.id}: not gradable: {task.metadata['not_gradable']}", flush=True)
+        if task.grading.not_gradable:
+            flagged[task.id] = task.grading.not_gradable
+            results.append({**base, "not_gradable": task.grading.not_gradable})
+            print(f"{task.id}: not gradable: {task.grading.not_gradable}", flush=True)
             continue
         gold, noop = _run(task, GoldPolicy(), logs_dir, "gold"), _run(task, NoopPolicy(), logs_dir, "noop")
         results.append({**base, "gold": gold, "noop": noop, "ok": gold["resolved"] and not noop["resolved"],

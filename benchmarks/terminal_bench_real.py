@@ -43,10 +43,10 @@ def _base(task) -> str:
     from compactrl.sandbox.docker import dockerfile_bases
     from compactrl.tasksets.terminal_bench import base_images
 
-    build = task.metadata.get("image_build")
+    build = task.runtime.image_build
     if not build:
         return "-"
-    with open(build["dockerfile"]) as fh:
+    with open(build.dockerfile) as fh:
         bases = [b for _, b in dockerfile_bases(fh.read())]
     out = []
     for b in bases:
@@ -82,7 +82,7 @@ def run_docker(task, client, network: str = "none") -> dict:
         out.update(build_s=round(time.monotonic() - started, 1), error=str(e).splitlines()[0][:400])
         return out
     out["build_s"] = round(time.monotonic() - started, 1)
-    out["grading"] = task.metadata["grading"]
+    out["grading"] = task.grading.mode
     out["gold"] = _episode(task, GoldPolicy(), "docker", kwargs)
     out["noop"] = _episode(task, NoopPolicy(), "docker", kwargs)
     return out
@@ -93,9 +93,8 @@ def run_local(folder: str) -> dict:
     flagged before any episode), then gold and noop with each verdict's evidence."""
     started = time.monotonic()
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    meta = task.metadata
-    out: dict = {"grading": meta["grading"], "check": task.check.kind, "prepare_s": round(time.monotonic() - started, 1),
-                 "notes": [*meta.get("local_notes", ()), *filter(None, [meta.get("grading_note")])]}
+    out: dict = {"grading": task.grading.mode, "check": task.check.kind, "prepare_s": round(time.monotonic() - started, 1),
+                 "notes": [*task.grading.local_notes, *filter(None, [task.grading.note])]}
     if reason := not_gradable(task):
         out["not_gradable"] = reason
         return out
@@ -331,7 +330,7 @@ def main() -> None:
             rows.append(row)
             _keep(args.out, row)
             continue
-        row = {"task": rel, "format": f"{task.metadata['terminal_bench']['version']}.x", "source": source}
+        row = {"task": rel, "format": f"{task.origin['terminal_bench']['version']}.x", "source": source}
         if client is not None:
             row["docker"] = run_docker(task, client, args.docker_network)
         if "local" in backends:

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for folder in task_folders(args.tasks_root):
         try:
-            reason = load_task_dir(folder, config).metadata.get("not_gradable")
+            reason = load_task_dir(folder, config).grading.not_gradable
         except Exception as e:  # a folder the loader refuses is a row too
             reason = f"not loaded: {str(e)[:200]}"
         rows.append({"task": os.path.relpath(folder, args.tasks_root), "not_gradable": reason})

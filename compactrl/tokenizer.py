@@ -53,3 +53,5 @@ def shared_tokenizer() -> PreTrainedTokenizerFast:
     change it for every user in the process. Take a private copy with :func:`load_tokenizer` instead.
     """
     return load_tokenizer()
+
+__all__ = ["VOCAB_SIZE", "default_tokenizer_path", "load_tokenizer", "shared_tokenizer"]

@@ -243,3 +243,5 @@ def describe_tools(tools: tuple[str, ...]) -> str:
     """
     rules = "Reply with exactly one tool call; other text is ignored. One newline after <old>, <new>, <content> is dropped."
     return "\n".join(_DESCRIPTIONS[t] for t in tools) + "\n" + rules
+
+__all__ = ["FormatError", "ToolCall", "describe_tools", "format_call", "normalize_path", "parse_action"]

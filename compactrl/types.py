@@ -111,3 +111,5 @@ class Trace:
         for i, (p, s) in enumerate(zip(self.policy_mask, self.summary_mask)):
             if s and not p:
                 raise ValueError(f"summary token at {i} is not a policy token")
+
+__all__ = ["Message", "Policy", "PolicyRequest", "TokenResponse", "Trace"]

@@ -18,8 +18,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("compactrl.sandbox.docker", "compactrl.tasksets.terminal_bench.base_images"),
 }
 KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("compactrl.tasksets.terminal_bench.dockerfile", "compactrl.sandbox._shell.HEREDOC"),
-    ("compactrl.tasksets.terminal_bench.local_build", "compactrl.sandbox._shell.HEREDOC"),
 }
 
 

@@ -26,25 +26,13 @@ import numpy as np
 
 from compactrl.envs.spaces import UnicodeText
 from compactrl.sandbox import Sandbox, SandboxError, TestReport, make_sandbox
-from compactrl.task import Check, Task
+from compactrl.task import Step, Task, prepared
 from compactrl.tasksets.generators.dynamics import task_dynamics
 from compactrl.tools import FormatError, ToolCall, describe_tools, normalize_path, parse_action
 
 log = logging.getLogger(__name__)
 
 CODE_TOOLS: tuple[str, ...] = ("view", "search", "replace", "create", "test", "shell", "submit")
-
-
-def with_backend_state(task: Task, backend: str) -> Task:
-    """``task`` with what ``backend`` needs prepared before its episode: for the local backend, the
-    replayed Dockerfile state of a Terminal-Bench task (``metadata["local_state"]``), taken from the
-    cache or built now without downloads (:func:`compactrl.tasksets.terminal_bench.local_build.with_local_state`).
-    Other tasks and backends come back unchanged."""
-    if backend != "local" or not task.metadata.get("local_build") or task.metadata.get("local_state"):
-        return task
-    from compactrl.tasksets.terminal_bench.local_build import with_local_state
-
-    return with_local_state(task)
 
 
 @runtime_checkable
@@ -142,7 +130,7 @@ class ToolEnv(gym.Env[str, str]):
         self._last_obs = ""
         self._line_cache: dict[str, tuple[str, list[str]]] = {}
         self._dynamics = None
-        self._steps: list[dict] = []
+        self._steps: list[Step] = []
         self._stage, self._stage_results = 0, []
 
     # -- prompts ---------------------------------------------------------------------------------
@@ -166,13 +154,13 @@ class ToolEnv(gym.Env[str, str]):
         else:
             task = self.task_source.sample(self.np_random)
         self._close_sandbox()
-        task = with_backend_state(task, self.backend)
+        task = prepared(task, self.backend)  # the task set's state for this backend (compactrl.task.Build)
         self._sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
         self._sandbox.start(task)
         self._line_cache = {}
         self.task = task
         self._dynamics = task_dynamics(task.metadata, self.np_random)  # flaky runs, progress rewards
-        self._steps = list(task.metadata.get("steps") or ())  # a multi-step task's steps (see _after_submit)
+        self._steps = list(task.steps)  # a multi-step task's steps (see _after_submit)
         self._stage, self._stage_results = 0, []
         self._done = False
         self._turn = self._format_errors = self._tool_errors = 0
@@ -219,9 +207,9 @@ class ToolEnv(gym.Env[str, str]):
             if self._steps:
                 if truncated and report is not None:  # the step under way is graded at the limit, as Harbor's
                     self._stage_results.append(bool(report.success))
-                reward = steps_reward(self._stage_results, self.task.metadata.get("steps_reward", "mean"))
+                reward = steps_reward(self._stage_results, self.task.steps_reward or "mean")
                 info["success"] = reward >= 1.0
-                info["steps"] = [{"name": s.get("name"), "success": ok} for s, ok in zip(self._steps, self._stage_results)]
+                info["steps"] = [{"name": s.name, "success": ok} for s, ok in zip(self._steps, self._stage_results)]
                 # scalars too (episode records keep only those)
                 info["steps_graded"], info["steps_passed"] = len(self._stage_results), sum(self._stage_results)
                 info["steps_summary"] = "; ".join(f"{s['name']}: {'pass' if s['success'] else 'fail'}" for s in info["steps"])
@@ -330,22 +318,22 @@ class ToolEnv(gym.Env[str, str]):
     # -- helpers ---------------------------------------------------------------------------------
     def _run_tests(self) -> TestReport:
         # a later step of a multi-step task has its own tests
-        check = Check.from_dict(self._steps[self._stage]["check"]) if self._steps and self._stage > 0 else None
+        check = self._steps[self._stage].check if self._steps and self._stage > 0 else None
         report = self._sandbox.run_tests(check)
         return self._dynamics.run(report) if self._dynamics else report
 
     def _after_submit(self, report: TestReport) -> tuple[bool, str]:
-        """A multi-step task (``metadata["steps"]``, as Harbor runs one): the step's verdict is kept; the
+        """A multi-step task (``Task.steps``, as Harbor runs one): the step's verdict is kept; the
         episode goes on with the next step's instruction, in the same sandbox and conversation, unless
         this was the last step or its reward is below the step's ``min_reward``. ``(terminated, text)``."""
         self._stage_results.append(bool(report.success))
         step, n = self._steps[self._stage], len(self._steps)
-        gate = step.get("min_reward")
+        gate = step.min_reward
         if self._stage == n - 1 or (gate is not None and float(report.success) < gate):
             return True, ""
         self._stage += 1
         nxt = self._steps[self._stage]
-        return False, f"\n\nStep {self._stage + 1} of {n} ({nxt.get('name')}):\n{nxt['instruction']}"
+        return False, f"\n\nStep {self._stage + 1} of {n} ({nxt.name}):\n{nxt.instruction}"
 
     def _lines(self, path: str, content: str) -> list[str]:
         """Lines of a file, cached while its content stays the same object (views are frequent)."""

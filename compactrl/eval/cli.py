@@ -267,15 +267,15 @@ def _run_tasks(args: argparse.Namespace, spec: PolicySpec):
     budget = _task_budget(args)
     tasks = _load_tasks(args)
     # a task its loader flagged is reported with the reason, never run nor graded
-    gradable = [t for t in tasks if not t.metadata.get("not_gradable")]
+    gradable = [t for t in tasks if not t.grading.not_gradable]
     summary, done = evaluate_tasks(gradable, make_policy(spec), args.backend, sandbox_kwargs=sandbox_kwargs,
                                    max_turns=args.max_turns, num_envs=args.num_envs, seed=args.seed,
                                    context_budget=budget, give_task_to_policy=spec.kind == "scripted") if gradable \
         else ({}, [])
     by_id = iter(done)
-    records = [next(by_id) if not t.metadata.get("not_gradable") else
+    records = [next(by_id) if not t.grading.not_gradable else
                {"task_id": t.id, "source": t.source, "kind": t.kind, "success": False,
-                "not_gradable": str(t.metadata["not_gradable"]), "info": {}} for t in tasks]
+                "not_gradable": str(t.grading.not_gradable), "info": {}} for t in tasks]
     if len(gradable) < len(tasks):
         summary = {**summary, "not_gradable": float(len(tasks) - len(gradable))}
     config = dict(tasks=args.tasks, policy=args.policy, backend=args.backend, seed=args.seed, budget=args.budget)

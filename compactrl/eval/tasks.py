@@ -102,9 +102,9 @@ def _record(position: int, task: Task, stats: EpisodeStats, builds_images: bool)
     record["info"] = with_encoded_output(record.get("info") or {})
     # what the backend could not honour (Terminal-Bench: image-only steps, a grading fallback); the
     # docker backend builds a task's own image, which runs those steps itself
-    built = builds_images and "image_build" in task.metadata and not task.docker_image
-    local = (*task.metadata.get("image_only", ()), *task.metadata.get("local_notes", ()))
-    notes = [*(() if built else local), *filter(None, [task.metadata.get("grading_note")])]
+    built = builds_images and task.runtime.image_build is not None and not task.docker_image
+    local = (*task.grading.image_only, *task.grading.local_notes)
+    notes = [*(() if built else local), *filter(None, [task.grading.note])]
     if notes:
         record["task_notes"] = notes
     return record

@@ -5,7 +5,7 @@ folders, Task records): per task it runs the ``gold`` policy (the task's referen
 ``noop`` policy (submits at once) through the evaluation machinery of ``compactrl eval``
 (:func:`~compactrl.eval.tasks.run_task`) on the chosen backend, and keeps both verdicts with their
 evidence (exit code, timeout, resource limit, the test log's tail). A task whose loader flagged it
-(``metadata["not_gradable"]``: an image-only step, network at test time...) is reported with that
+(``Task.grading.not_gradable``: an image-only step, network at test time...) is reported with that
 reason and never run. The kind-specific part is only :func:`prepared_of` (what "prepared" means for
 a kind); everything else reads the episode records every kind produces.
 
@@ -34,21 +34,21 @@ def prepared_of(task: Task) -> bool:
     """Whether the task's environment was prepared (SWE-bench: a work tree and environment built by
     ``compactrl tasks prepare``, or its image; other kinds: always)."""
     if task.source == "swebench":
-        return bool(task.metadata.get("work_tree") or task.docker_image or task.metadata.get("prepared"))
+        return bool(task.runtime.work_tree or task.docker_image or task.grading.prepared)
     return True
 
 
 def not_gradable(task: Task) -> str | None:
     """The loader's reason why ``task`` cannot be graded faithfully on this machine, or why it cannot be
     validated (a Terminal-Bench task published without a reference solution: no gold to run), or None."""
-    reason = task.metadata.get("not_gradable")
+    reason = task.grading.not_gradable
     if reason:
         return str(reason)
     if task.source == "terminal-bench":
-        steps = task.metadata.get("steps") or [{"name": None, "solution_sh": task.metadata.get("solution_sh")}]
-        for step in steps:
-            script = step.get("solution_sh") or ""
-            where = f" for step {step['name']}" if step.get("name") else ""
+        steps = [(s.name, s.solution_sh) for s in task.steps] or [(None, task.reference.solution_sh)]
+        for name, solution in steps:
+            script = solution or ""
+            where = f" for step {name}" if name else ""
             if not script:
                 return (f"no reference solution as published{where} (no solution.sh, solution.yaml or "
                         "solution/solve.sh): gold cannot be run")
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     args.tasks = args.source
     tasks = _load_tasks(args)
     if getattr(args, "install_system_packages", False):
-        from compactrl.tasksets.terminal_bench.local_build import install_for_tasks
+        from compactrl.tasksets.system_packages import install_for_tasks
 
         if install_for_tasks(tasks):
             tasks = _load_tasks(args)

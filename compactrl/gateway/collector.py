@@ -37,7 +37,6 @@ from gymnasium.utils import seeding
 from tensordict import TensorDict
 
 from compactrl.collectors.episodes import EpisodeStats, summarize_episodes
-from compactrl.envs.code_env import with_backend_state
 from compactrl.gateway.app import Gateway, GatewayConfig
 from compactrl.gateway.engines import policy_engine
 from compactrl.gateway.mini_swe import EpisodeResult, run_episode
@@ -45,6 +44,7 @@ from compactrl.gateway.recording import Session, load_session
 from compactrl.gateway.traces import build_tree, sessions_to_batch
 from compactrl.sandbox import make_sandbox
 from compactrl.serving.server import ServeConfig
+from compactrl.task import prepared
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class AgentCollector:
         t0 = time.perf_counter()
         sandbox = make_sandbox(self.backend, **self.sandbox_kwargs)
         try:
-            task = with_backend_state(task, self.backend)
+            task = prepared(task, self.backend)
             sandbox.start(task)
             result = run_episode(self.gateway.url, MODEL_NAME, name, task, sandbox, self.gateway.fmt,
                                  **dataclasses.asdict(self.episode))

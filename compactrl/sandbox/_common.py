@@ -22,9 +22,9 @@ def make_config(cls, config, options: dict):
 
 
 def command_timeout(task: Task | None, default: float) -> float:
-    """A command's default wall-clock limit: the task's own (``metadata["limits"]["timeout_s"]``, e.g. a
+    """A command's default wall-clock limit: the task's own (``Task.runtime.limits.timeout_s``, e.g. a
     Terminal-Bench task whose solution compiles for minutes: the harness's per-command wait) or ``default``."""
-    own = (task.metadata.get("limits") or {}).get("timeout_s") if task is not None else None
+    own = task.runtime.limits.timeout_s if task is not None else None
     return float(own) if isinstance(own, (int, float)) and not isinstance(own, bool) and own > 0 else default
 
 

@@ -19,11 +19,6 @@ STATE_PATH = "/tmp/.compactrl_state"
 ENV_FILE_PATH = "/opt/compactrl/env.sh"
 """Where :data:`ENV_FILE` lives inside the sandbox; bash reads it through ``BASH_ENV``."""
 
-HEREDOC = re.compile(r"(?<!<)<<(?!<)(-?)\s*([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
-"""A here-document's start in shell text (and in a Dockerfile's, BuildKit's syntax): ``<<WORD``,
-``<<-WORD``, ``<< 'WORD'``, ``<<"WORD"``; groups: ``-`` (leading tabs stripped), the quote, the word.
-Not the here-string ``<<<``."""
-
 TIMEOUT_EXIT_CODE = 124
 """Exit code reported for a command killed by the timeout (as GNU ``timeout`` does)."""
 

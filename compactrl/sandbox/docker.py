@@ -4,7 +4,7 @@ Works against Docker Engine and against Podman's Docker-compatible socket (``pod
 service``); the engine is chosen by ``base_url`` or, by default, ``DOCKER_HOST``. The container:
 
 * runs the task's image (``task.docker_image``), the task's own image built from its Dockerfile
-  (``metadata["image_build"]``, see :func:`build_task_image`) or ``config.image``, kept alive by a
+  (``Task.runtime.image_build``, see :func:`build_task_image`) or ``config.image``, kept alive by a
   small reaping ``/bin/sh`` loop as PID 1;
 * has no network (``network_mode="none"``; ``network`` names another mode), memory / CPU /
   process-count limits, no capabilities and ``no-new-privileges``; when the work dir is filled from the task, the root file system is
@@ -44,8 +44,8 @@ from compactrl.sandbox._common import (
     report_from_run,
     work_rel,
 )
-from compactrl.sandbox._shell import HEREDOC
 from compactrl.sandbox.base import ExecResult, SandboxError, TestReport
+from compactrl.sandbox.shell_syntax import HEREDOC
 from compactrl.task import Check, Task
 from compactrl.tasksets.terminal_bench import base_images
 from compactrl.tasksets.terminal_bench.base_images import GRADER_DIR, dockerfile_bases
@@ -89,7 +89,7 @@ class DockerSandboxConfig:
     base_url: str | None = None
     """Engine socket, e.g. ``unix:///run/podman/podman.sock``; None: ``DOCKER_HOST`` or the default."""
     workdir: str = "/workspace"
-    """Work dir inside the container (a task's ``metadata["workdir"]`` wins, e.g. ``/testbed``)."""
+    """Work dir inside the container (a task's ``Task.runtime.workdir`` wins, e.g. ``/testbed``)."""
     timeout_s: float = 30.0
     """Default wall-clock limit of one shell command, in seconds."""
     output_limit_bytes: int = 100_000
@@ -123,7 +123,7 @@ class DockerSandboxConfig:
     reap_stale: bool = True
     """On start, remove labelled containers whose owner process on this host has died."""
     build_images: bool = True
-    """Build (or reuse) a task's own image from ``metadata["image_build"]`` (a Terminal-Bench
+    """Build (or reuse) a task's own image from ``Task.runtime.image_build`` (a Terminal-Bench
     task's Dockerfile and build context) when it names no ``docker_image``; cached by a content
     digest, so an unchanged task is built once per engine."""
     base_images: tuple[tuple[str, str], ...] = ()
@@ -144,7 +144,7 @@ class DockerSandboxConfig:
     ``apt-get install``s nginx, a test script that ``pip install``s pytest)."""
     keep_background: bool = False
     """Leave what a command starts in the background running after it (a server the tests talk to),
-    as Terminal-Bench's tmux session does; a task's ``metadata["keep_background"]`` asks for it too.
+    as Terminal-Bench's tmux session does; a task's ``Task.runtime.keep_background`` asks for it too.
     Off: the command's leftovers are killed when it ends."""
     build_timeout_s: float = 1800.0
     """Limit of one image build, in seconds (a read of the engine's build log that waits longer fails)."""
@@ -401,10 +401,13 @@ def task_image_tag(task_id: str, digest: str) -> str:
 
 
 def task_build(task: Task) -> dict:
-    """What :func:`build_task_image` builds for ``task``: its ``metadata["image_build"]`` and, for a task
+    """What :func:`build_task_image` builds for ``task``: its ``Task.runtime.image_build`` and, for a task
     graded with pytest (its tests run offline), the packages its test scripts install at test time."""
-    build = dict(task.metadata["image_build"])
-    if task.metadata.get("grading") == "pytest":
+    image = task.runtime.image_build
+    if image is None:
+        raise ValueError(f"task {task.id}: runtime.image_build: the task has no Dockerfile to build")
+    build: dict = {"context": image.context, "dockerfile": image.dockerfile}
+    if task.grading.mode == "pytest":
         reqs = base_images.test_requirements([c for p, c in task.check.hidden_files.items() if p.endswith(".sh")])
         if reqs:
             build["grader_requirements"] = reqs
@@ -526,24 +529,24 @@ class DockerSandbox:
                 if key not in _reaped:
                     _reaped.add(key)
                     reap_stale_containers(client)
-        build = task.metadata.get("image_build") if cfg.build_images and not task.docker_image else None
+        build = task.runtime.image_build if cfg.build_images and not task.docker_image else None
         # a task built from its own Dockerfile keeps the image's root and work dir, as the harness does
-        in_image = bool(task.metadata.get("workdir") or build)
-        self._workdir = str(task.metadata.get("workdir") or cfg.workdir).rstrip("/") or cfg.workdir
+        in_image = bool(task.runtime.workdir or build)
+        self._workdir = str(task.runtime.workdir or cfg.workdir).rstrip("/") or cfg.workdir
         self.image = task.docker_image or cfg.image
         try:
             if build:
                 self.image = build_task_image(self._client, task.id, task_build(task), cfg, self.engine)
-                if not task.metadata.get("workdir"):  # e.g. inherited from a base the loader cannot read
+                if not task.runtime.workdir:  # e.g. inherited from a base the loader cannot read
                     self._workdir = self._image_workdir() or self._workdir
             else:
                 self._ensure_image()
             self._create(in_image, built=bool(build))
             # a built image already holds the files, with the modes and edits of its RUN steps
             files = {} if build else {work_rel(p): file_bytes(c) for p, c in task.files.items()}
-            if task.metadata.get("work_tree") and not build:  # modes, symlinks, built files
+            if task.runtime.work_tree and not build:  # modes, symlinks, built files
                 self._api().put_archive(self.container_id, self._workdir,
-                                        _tree_tar(str(task.metadata["work_tree"]), _owner(cfg.user)))
+                                        _tree_tar(str(task.runtime.work_tree), _owner(cfg.user)))
                 files = {}  # the task's files are the tree's text files: a tar of them would reset their modes
             if files:
                 self._put(files)
@@ -607,7 +610,7 @@ class DockerSandbox:
             kwargs["cap_drop"] = ["ALL"]
         if cfg.user:
             kwargs["user"] = cfg.user
-        mounts = [m for m in ((self.task.metadata.get("ro_mounts") or ()) if self.task else ())
+        mounts = [m for m in (self.task.runtime.ro_mounts if self.task else ())
                   if isinstance(m, str) and os.path.isabs(m) and os.path.isdir(m)]
         if mounts:  # a prepared row's environment lives on the host: at the same paths, read-only
             kwargs["volumes"] = {m: {"bind": m, "mode": "ro"} for m in mounts}
@@ -692,7 +695,7 @@ class DockerSandbox:
         self._cache.clear()  # the command may change any file
         self._listing = None
         marker = _shell.new_marker()
-        keep = self.config.keep_background or bool(self.task and self.task.metadata.get("keep_background"))
+        keep = self.config.keep_background or bool(self.task and self.task.runtime.keep_background)
         argv = ["bash", "--noprofile", "--norc", "-c", _DRIVER_KEEP if keep else _DRIVER, "bash", f"{timeout_s:.3f}",
                 command.replace("\x00", ""), marker]
         out = _shell.CappedOutput(limit)
@@ -830,7 +833,7 @@ class DockerSandbox:
             return hidden_files_blocked(e)
         try:
             command = check.command
-            if self.task.metadata.get("grading") == "pytest":
+            if self.task.grading.mode == "pytest":
                 # a family substitute carries pytest for its python3 outside site-packages (base_images)
                 grader = f"{base_images.GRADER_DEPS_DIR}:{GRADER_DIR}"
                 command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={grader}${{PYTHONPATH:+:$PYTHONPATH}};"

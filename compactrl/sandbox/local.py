@@ -76,7 +76,7 @@ class LocalSandboxConfig:
     isolation: Isolation = "auto"
     """``"bwrap"``, ``"unshare"``, or ``"auto"``: bubblewrap if it works here, else unshare."""
     workdir: str = "/workspace"
-    """Absolute path of the work dir inside the sandbox (a task's ``metadata["workdir"]`` wins)."""
+    """Absolute path of the work dir inside the sandbox (a task's ``Task.runtime.workdir`` wins)."""
     timeout_s: float = 30.0
     """Default wall-clock limit of one shell command, in seconds."""
     output_limit_bytes: int = 100_000
@@ -111,7 +111,7 @@ class LocalSandboxConfig:
     shared wheel or model cache); ``python``'s prefix is mounted without being listed."""
     writable_paths: tuple[str, ...] = ()
     """Absolute folders outside the work dir that get a private writable tmpfs each (``/root``,
-    ``/logs``: where a task image lets a solution write); a task's ``metadata["writable_paths"]``
+    ``/logs``: where a task image lets a solution write); a task's ``Task.runtime.writable_paths``
     adds to them. Not ``/`` nor under the system folders, ``/proc``, ``/dev``, ``/tmp``."""
     writable_bytes: int = 256 << 20
     """Size of each tmpfs of ``writable_paths``."""
@@ -127,7 +127,7 @@ class LocalSandboxConfig:
     overlayfs whiteouts). Those folders are writable in the episode (a private upper layer in the
     session dir, gone at close), as far as the layer's owners allow: a prepared layer belongs to the
     sandbox's uid, so the shell may change what the image's steps put there (the image's root could).
-    A task's prepared state brings its own (``<local_state>/layer``). Needs root; such a sandbox
+    A task's prepared state brings its own (``<Task.runtime.state>/layer``). Needs root; such a sandbox
     isolates with unshare (bubblewrap 0.8 has no overlays)."""
     root_layer_writable: bool = False
     """Prepare only: the shell runs as root, as an image's ``RUN`` steps do, and what it writes under
@@ -272,7 +272,7 @@ def _interpreter_prefixes(python: str) -> list[str]:
     return prefixes
 
 
-# The shell of a task whose reference solution manages the image's users (``metadata["image_root"]``): root
+# The shell of a task whose reference solution manages the image's users (``Task.runtime.image_root``): root
 # in a user namespace of its own, made here because unshare(1) leaves multi-range maps to newuidmap, which
 # wants /etc/subuid entries. Run as the host's root inside the sandbox's other namespaces: a child enters a
 # new user namespace; this process (privileged in the parent namespace) maps the child's root to the
@@ -437,14 +437,14 @@ class LocalSandbox:
         cfg = self.config
         self.isolation = choose_isolation(cfg.isolation, cfg.sandbox_uid)
         self.task = task
-        self._workdir = str(task.metadata.get("workdir") or cfg.workdir).rstrip("/") or cfg.workdir
+        self._workdir = str(task.runtime.workdir or cfg.workdir).rstrip("/") or cfg.workdir
         # a task that names its own interpreter (SWE-bench rows: a per-repository environment) runs
         # the wrappers with it and gets its prefix mounted; otherwise the configured one
-        own = str(task.metadata.get("python") or "")
+        own = str(task.runtime.python or "")
         self._python = own if os.path.isabs(own) else (cfg.python or sys.executable)
         try:
             self._make_session_dir()
-            tree = task.metadata.get("work_tree")
+            tree = task.runtime.work_tree
             if tree:  # the tree a harness sees (modes, symlinks, what its install built), then the files
                 copy_tree(str(tree), os.path.join(self.session_dir, "work"), self._files().owner)
             state = self._state = self._local_state(task)
@@ -473,9 +473,9 @@ class LocalSandbox:
         log.info("local sandbox for %s up (%s, %s)", task.id, self.isolation, self.session_dir)
 
     def _home(self) -> str:
-        """The shell's HOME: the task's ``metadata["home"]`` (a Terminal-Bench image's user's home: ``/root``,
+        """The shell's HOME: the task's ``Task.runtime.home`` (a Terminal-Bench image's user's home: ``/root``,
         or ``/home/<USER>``) where it lies in one of the episode's writable folders, else the work dir."""
-        home = str((self.task.metadata.get("home") if self.task else None) or "")
+        home = str((self.task.runtime.home if self.task else None) or "")
         if posixpath.isabs(home) and any(home == p or home.startswith(p + "/") for p in self._writable()):
             return posixpath.normpath(home)
         return self._workdir
@@ -495,7 +495,7 @@ class LocalSandbox:
 
     def _writable(self) -> list[str]:
         """The tmpfs folders of this episode: configured and the task's, minus the work dir's own."""
-        wanted = [*self.config.writable_paths, *(self.task.metadata.get("writable_paths") or () if self.task else ())]
+        wanted = [*self.config.writable_paths, *(self.task.runtime.writable_paths if self.task else ())]
         out: list[str] = []
         for path in sorted({posixpath.normpath(p) for p in wanted if isinstance(p, str)}):
             if _writable_problem(path):
@@ -507,36 +507,34 @@ class LocalSandbox:
 
     def _ro_binds(self) -> tuple[str, ...]:
         tools = host_toolchains()[0] if self.config.host_toolchains else []
-        # a task's own read-only folders (``metadata["ro_binds"]``: a toolchain its loader fetched at prepare)
-        own = [p for p in (self.task.metadata.get("ro_binds") or () if self.task else ())
+        # a task's own read-only folders (``Task.runtime.ro_binds``: a toolchain its loader fetched at prepare)
+        own = [p for p in (self.task.runtime.ro_binds if self.task else ())
                if isinstance(p, str) and os.path.isabs(p) and os.path.isdir(p)]
         return (*self.config.ro_binds, *tools, *own, *((self._state,) if self._state else ()))
 
     def _local_state(self, task: Task) -> str | None:
-        """The prepared state of a task whose Dockerfile steps the local backend replays
-        (``metadata["local_build"]``, see :mod:`compactrl.tasksets.terminal_bench.local_build`), as the loader or
-        the env gave it (``metadata["local_state"]``). The sandbox never prepares one itself: preparing
-        is the task source's job (the loader with ``prepare=True``, or :func:`~compactrl.envs.code_env.
-        with_backend_state` at reset), and a sandbox layer that called back into the loaders would close
-        an import cycle."""
-        state, build = task.metadata.get("local_state"), task.metadata.get("local_build")
-        if state or not build:
+        """The prepared state the task starts from (``Task.runtime.state``), which :func:`compactrl.task.prepared`
+        sets before the episode from the task's ``Task.build``. The sandbox never prepares one itself: it
+        starts what the task describes, and a build that was not prepared, or cannot be (``Task.build.error``:
+        a step only the image can run), is a :class:`SandboxError` naming the task."""
+        state, build = task.runtime.state, task.build
+        if state or build is None or (build.plan is None and not build.error):
             return str(state) if state else None
-        if isinstance(build, dict) and build.get("error"):  # a step only the image can run
-            raise SandboxError(f"task {task.id}: {build['error']}")
+        if build.error:
+            raise SandboxError(f"task {task.id}: {build.error}")
         raise SandboxError(f"task {task.id}: its Dockerfile's steps are not prepared for the local backend "
-                           "(metadata local_state): load it with TerminalBenchConfig(prepare=True), or start it "
+                           "(Task.runtime.state): load it with TerminalBenchConfig(prepare=True), or start it "
                            "through CodeRepoEnv/TerminalEnv, which prepare it at reset")
 
     def _keep_background(self) -> bool:
         """Whether what a command leaves running in the background survives it (a task's
-        ``metadata["keep_background"]``, as Terminal-Bench's tmux session keeps a server the agent
+        ``Task.runtime.keep_background``, as Terminal-Bench's tmux session keeps a server the agent
         started for the tests), or is killed when the command ends (the default)."""
-        return self.config.keep_background or bool(self.task and self.task.metadata.get("keep_background"))
+        return self.config.keep_background or bool(self.task and self.task.runtime.keep_background)
 
     def _limit(self, name: str) -> int:
-        """A resource limit: the task's own (``metadata["limits"]``) or the configured one."""
-        own = (self.task.metadata.get("limits") or {}).get(name) if self.task else None
+        """A resource limit: the task's own (``Task.runtime.limits``) or the configured one."""
+        own = self.task.runtime.limits.get(name) if self.task else None
         return int(own) if isinstance(own, int) and own > 0 else getattr(self.config, name)
 
     def _make_session_dir(self) -> None:
@@ -566,7 +564,7 @@ class LocalSandbox:
         _, tool_path, tool_env = host_toolchains() if self.config.host_toolchains else ([], [], {})
         # a task's own environment (a Dockerfile's ENV), its PATH behind the wrappers'
         own = {k: str(v).replace("__SITE__", os.path.join(self._state or "", "site"))
-               for k, v in ((self.task.metadata.get("env") or {}) if self.task else {}).items()}
+               for k, v in (self.task.runtime.env if self.task else {}).items()}
         base = own.pop("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         env = {
             **tool_env,
@@ -695,9 +693,9 @@ class LocalSandbox:
         return layer if layer and os.path.isdir(layer) else None
 
     def _image_root(self) -> bool:
-        """Whether the shell is root in a user namespace of its own (``metadata["image_root"]``: a reference
+        """Whether the shell is root in a user namespace of its own (``Task.runtime.image_root``: a reference
         solution that adds users), which needs a root layer and compactrl running as root."""
-        return bool(self.task and self.task.metadata.get("image_root") and self._root_layer() and os.geteuid() == 0)
+        return bool(self.task and self.task.runtime.image_root and self._root_layer() and os.geteuid() == 0)
 
     def _root_layer_mounts(self, binds: list[str]) -> list[tuple[str, str]]:
         """``[(system folder, mount line)]`` of the unshare script: an overlay of the layer's folder of

@@ -14,7 +14,7 @@ from sandbox_helpers import REAL_BACKENDS, make_backend, small_task
 
 from compactrl.sandbox import local as local_mod
 from compactrl.sandbox.base import SandboxError
-from compactrl.task import Check, Task
+from compactrl.task import Check, Runtime, Task
 
 
 @pytest.mark.timeout(120)
@@ -77,8 +77,8 @@ def test_script_checks_pass_on_exit_code_zero(name):
 
 
 @pytest.mark.timeout(120)
-def test_local_workdir_from_task_metadata():
-    task = Task(id="w", kind="code", instruction="", files={"a.txt": "hi\n"}, metadata={"workdir": "/testbed"})
+def test_local_workdir_from_task_runtime():
+    task = Task(id="w", kind="code", instruction="", files={"a.txt": "hi\n"}, runtime=Runtime(workdir="/testbed"))
     sb = make_backend("local")
     sb.start(task)
     try:
@@ -91,7 +91,7 @@ def test_local_workdir_from_task_metadata():
 @pytest.mark.timeout(120)
 def test_docker_repo_in_the_image():
     """A task whose repository is in the image (SWE-bench style): empty files, workdir set."""
-    task = Task(id="img", kind="code", instruction="", files={}, metadata={"workdir": "/srv"},
+    task = Task(id="img", kind="code", instruction="", files={}, runtime=Runtime(workdir="/srv"),
                 check=Check(kind="script", command="test -f /srv/made.txt"))
     sb = make_backend("docker")
     sb.start(task)

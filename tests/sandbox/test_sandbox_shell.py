@@ -12,6 +12,7 @@ from sandbox_helpers import REAL_BACKENDS, make_backend, small_task
 from compactrl.sandbox import _shell
 from compactrl.sandbox.docker import DockerSandbox, DockerSandboxConfig
 from compactrl.sandbox.local import LocalSandbox, LocalSandboxConfig
+from compactrl.task import Limits, Runtime
 
 
 # ----------------------------------------------------------------------------------- pure pieces
@@ -178,13 +179,13 @@ def test_run_tests_reports_per_test_verdicts_and_hides_hidden_files(backend):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", REAL_BACKENDS)
 def test_a_tasks_own_command_time_limit_is_the_default_for_exec(name):
-    """``metadata["limits"]["timeout_s"]`` (a Terminal-Bench task's per-command wait) replaces the
+    """``Task.runtime.limits.timeout_s`` (a Terminal-Bench task's per-command wait) replaces the
     backend's configured default on both real backends; an explicit ``timeout_s`` still wins."""
     import dataclasses
 
     sb = make_backend(name)
     task = small_task()
-    sb.start(dataclasses.replace(task, metadata={**task.metadata, "limits": {"timeout_s": 2}}))
+    sb.start(dataclasses.replace(task, runtime=Runtime(limits=Limits(timeout_s=2))))
     try:
         started = time.monotonic()
         res = sb.exec("sleep 20; echo never")

@@ -73,13 +73,13 @@ def test_row_becomes_a_task_from_the_local_checkout(repos_root: str) -> None:
     assert json.loads(task.check.hidden_files[GRADE_SPEC]) == {
         "repo": row["repo"], "log_parser": None, "FAIL_TO_PASS": json.loads(row["FAIL_TO_PASS"]),
         "PASS_TO_PASS": json.loads(row["PASS_TO_PASS"])}
-    assert task.metadata["gold_patch"] == row["patch"] and task.metadata["base_commit"] == row["base_commit"]
+    assert task.reference.gold_patch == row["patch"] and task.origin["base_commit"] == row["base_commit"]
     assert task.to_json() == type(task).from_json(task.to_json()).to_json()
 
 
 def test_image_mode_keeps_the_repo_in_the_image() -> None:
     task = row_to_task(_row(), SWEBenchConfig(use_images=True))
-    assert task.files == {} and task.metadata["workdir"] == "/testbed"
+    assert task.files == {} and task.runtime.workdir == "/testbed"
     assert task.docker_image == "swebench/sweb.eval.x86_64.mathkit-dev_1776_mathkit-17:latest"
     assert set(task.check.hidden_files) == {TEST_PATCH_FILE, GRADER_FILE, GRADE_SPEC}
     assert task.check.hidden_files[TEST_PATCH_FILE] == _row()["test_patch"]

@@ -278,13 +278,13 @@ def test_install_system_packages_asks_apt_for_what_is_missing_and_records_it(tmp
     """The wiring of ``--install-system-packages`` (apt itself replaced: it needs root and changes the
     machine): only the packages the specs name, this machine lacks and apt has are installed, and the
     manifest records what was wanted, installed and unavailable."""
-    from compactrl.tasksets.terminal_bench import local_build as tb_local_build
+    from compactrl.tasksets import system_packages
 
     asked: list[list[str]] = []
     monkeypatch.setattr(sp, "_dpkg_installed", lambda p: p == "dvipng")
-    monkeypatch.setattr(tb_local_build, "apt_candidate", lambda p: None if p == "nosuchpkg" else "1.0")
-    monkeypatch.setattr(tb_local_build, "_host_has_package", lambda p: p == "dvipng")
-    monkeypatch.setattr(tb_local_build, "install_system_packages",
+    monkeypatch.setattr(system_packages, "apt_candidate", lambda p: None if p == "nosuchpkg" else "1.0")
+    monkeypatch.setattr(system_packages, "host_has_package", lambda p: p == "dvipng")
+    monkeypatch.setattr(system_packages, "install_system_packages",
                         lambda packages, record=None, echo=print: asked.append(list(packages)) or list(packages))
     specs = [{"pre_install": ["apt-get update && apt-get install -y ghostscript dvipng nosuchpkg"]}]
     got = sp.install_system_packages_for(specs)

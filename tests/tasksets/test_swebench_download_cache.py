@@ -256,7 +256,7 @@ def test_a_row_prepare_could_not_prepare_is_flagged_with_the_reason(tmp_path, re
     specs = json.load(open(report.specs_path))
     assert specs[IID]["not_gradable"].startswith("not prepared: ") and "error: no wheel for qhull" in specs[IID]["not_gradable"]
     task = load_swebench(str(rows), SWEBenchConfig(repos_root=repos_root, specs=report.specs_path))[0]
-    assert task.metadata["not_gradable"] == specs[IID]["not_gradable"] and task.files == {}
+    assert task.grading.not_gradable == specs[IID]["not_gradable"] and task.files == {}
 
 
 def test_environment_yml_optional_test_dependencies_are_installed_best_effort(tmp_path) -> None:

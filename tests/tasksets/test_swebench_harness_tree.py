@@ -135,7 +135,7 @@ def test_the_sandbox_gets_the_prepared_tree_with_modes_links_binaries_and_the_pr
     _local()
     _, rows, report = prepared
     (task,) = load_swebench(rows, SWEBenchConfig(repos_root=repo[0], specs=report.specs_path))
-    assert task.metadata["work_tree"] == report.prepared["runner-dev__runner-1"]["checkout"]
+    assert task.runtime.work_tree == report.prepared["runner-dev__runner-1"]["checkout"]
     assert task.files["runner.cfg"] == "[runner]\nreport = verbose\n"  # the tracked file as pre_install left it
     box = LocalSandbox()
     try:
@@ -227,7 +227,7 @@ def test_a_not_gradable_row_is_reported_and_never_run(prepared, repo, capsys, tm
     path = tmp_path / "specs.json"
     path.write_text(json.dumps(specs))
     (task,) = load_swebench(rows, SWEBenchConfig(repos_root=repo[0], specs=str(path)))
-    assert task.metadata["not_gradable"].startswith("needs network")
+    assert task.grading.not_gradable.startswith("needs network")
     assert main(["tasks", "validate", rows, "--repos-root", repo[0], "--swebench-specs", str(path)]) == 1
     assert "SKIP  runner-dev__runner-1" in capsys.readouterr().out
     assert main(["eval", "--tasks", rows, "--repos-root", repo[0], "--swebench-specs", str(path), "--policy", "gold",

@@ -143,7 +143,7 @@ def test_a_row_whose_required_tests_fetch_is_flagged_before_any_episode(tmp_path
            "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(ids(["test_offline"])),
            "PASS_TO_PASS": json.dumps(ids(["test_GET_no_redirect"]))}
     task = row_to_task(row, SWEBenchConfig(repos_root=str(tmp_path / "repos")))
-    assert task.metadata["not_gradable"].startswith(
+    assert task.grading.not_gradable.startswith(
         "needs network at test time: tests/test_requests.py::RequestsTestSuite::test_GET_no_redirect reaches httpbin.org")
     row["PASS_TO_PASS"] = json.dumps(ids(["test_loopback"]))
-    assert "not_gradable" not in row_to_task(row, SWEBenchConfig(repos_root=str(tmp_path / "repos"))).metadata
+    assert not row_to_task(row, SWEBenchConfig(repos_root=str(tmp_path / "repos"))).grading.not_gradable

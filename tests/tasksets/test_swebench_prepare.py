@@ -90,8 +90,8 @@ def test_the_loader_reads_the_work_tree_and_its_generated_files(prepared, repos_
     specs = load_specs(report.specs_path)
     (task,) = load_swebench(_rows(tmp), SWEBenchConfig(repos_root=repos_root, specs=specs))
     assert task.files["mathkit/_version.py"] == "version = 3\n"
-    assert task.metadata["python"] == report.prepared[IID]["python"]
-    assert task.metadata["repo_path"] == report.prepared[IID]["checkout"]
+    assert task.runtime.python == report.prepared[IID]["python"]
+    assert task.origin["repo_path"] == report.prepared[IID]["checkout"]
 
 
 def test_gold_succeeds_and_noop_fails_in_the_prepared_env(prepared, repos_root) -> None:

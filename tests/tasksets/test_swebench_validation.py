@@ -98,9 +98,9 @@ def test_specs_layer_repository_version_instance_and_row(tmp_path, repos_root: s
     task = row_to_task(_row(), cfg)
     assert task.setup == ("echo all", "echo repo", "echo v")
     assert "( /envs/a/bin/python -m pytest -rA -x tests/" in task.check.command
-    assert (task.metadata["log_parser"], task.metadata["python"]) == ("parse_log_pytest_v2", "/envs/a/bin/python")
+    assert (task.origin["log_parser"], task.runtime.python) == ("parse_log_pytest_v2", "/envs/a/bin/python")
     own = row_to_task(_row(python="/envs/b/bin/python", log_parser="parse_log_pytest_options"), cfg)
-    assert (own.metadata["log_parser"], own.metadata["python"]) == ("parse_log_pytest_options", "/envs/b/bin/python")
+    assert (own.origin["log_parser"], own.runtime.python) == ("parse_log_pytest_options", "/envs/b/bin/python")
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -5,6 +5,7 @@ task's image on it, and gold passes / noop fails in it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -180,7 +181,7 @@ def test_task_on_a_family_base_builds_its_generated_data_and_grades() -> None:
     _root_ready(client)
     task = load_task_dir(LEDGER_TASK)
     assert task.files == {} or "ledger" not in " ".join(task.files)  # the data is made in the image
-    build_task_image(client, task.id, task.metadata["image_build"], DockerSandboxConfig())
+    build_task_image(client, task.id, dataclasses.asdict(task.runtime.image_build), DockerSandboxConfig())
     sb = make_sandbox("docker")
     try:
         sb.start(task)  # the image is cached: this start builds nothing
@@ -222,7 +223,7 @@ def test_background_processes_survive_their_command_in_a_task_image() -> None:
     client = _client()
     _root_ready(client)
     task = load_task_dir(LEDGER_TASK)
-    assert task.metadata.get("keep_background")
+    assert task.runtime.keep_background
     count = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000'"
     sb = make_sandbox("docker")
     try:

@@ -160,15 +160,15 @@ def test_a_task_whose_verifier_builds_with_a_downloaded_compiler(tmp_path, cache
     folder = _kotlin_task(tmp_path)
     # without the file in the cache an episode cannot prepare it (nothing downloads during one)
     bare = load_task_dir(folder, TerminalBenchConfig(backend="local"))
-    assert bare.metadata["local_build"]["build"]["downloads"] == [URL] and bare.metadata["grading"] == "script"
+    assert bare.build.plan["downloads"] == [URL] and bare.grading.mode == "script"
     with pytest.raises(tlb.PrepareError, match="needs preparing: https://github.com/JetBrains"):
         tlb.prepare(bare, allow_download=False)
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata and task.check.kind == "harbor"
+    assert not task.grading.not_gradable and task.check.kind == "harbor"
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert gold["info"]["test_log_tail"].endswith("[verdict: success: reward.txt: reward=1]")
     assert not noop["success"] and noop["sandbox_error"] is None
     assert noop["info"]["test_log_tail"].endswith("[verdict: failure: reward.txt: reward=0]")
     # the state does not keep the archive; the cache does
-    assert not os.path.exists(os.path.join(task.metadata["local_state"], "downloads"))
+    assert not os.path.exists(os.path.join(task.runtime.state, "downloads"))

@@ -57,7 +57,7 @@ def test_solution_agent_and_verifier_share_the_images_home(cache) -> None:
     # the Dockerfile writes ~/.config as root, the solution copies it under ~, the verifier reads
     # Path.home(): one HOME for all three, root's as in the image
     task = load_task_dir(SHARED_HOME, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert task.metadata["home"] == "/root" and "not_gradable" not in task.metadata
+    assert task.runtime.home == "/root" and not task.grading.not_gradable
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert "home /root, answer present: True" in gold["info"]["test_log_tail"]
@@ -71,8 +71,8 @@ def test_a_solution_that_adds_users_runs_as_the_images_root(cache) -> None:
     # useradd, groupadd, usermod, chpasswd, su and chown to the new user: as the image's root does them
     task = load_task_dir(os.path.join(FIXTURES, "terminal_bench_local", "adds-users"),
                          TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["image_root"] is True
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.runtime.image_root is True
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
@@ -89,14 +89,14 @@ def test_folders_leading_to_a_mount_in_the_home_are_the_shells(tmp_path) -> None
     import tempfile
 
     from compactrl.sandbox.local import LocalSandbox, LocalSandboxConfig
-    from compactrl.task import Check, Task
+    from compactrl.task import Check, Runtime, Task
 
     base = tempfile.mkdtemp(prefix=".compactrl-home-test-", dir="/root")
     try:
         state = os.path.join(base, "cache", "state")
         os.makedirs(state)
         task = Task(id="home-mount", kind="terminal", instruction="x", files={}, check=Check(kind="script", command="true"),
-                    metadata={"writable_paths": ["/root"], "home": "/root"})
+                    runtime=Runtime(writable_paths=("/root",), home="/root"))
         sandbox = LocalSandbox(config=LocalSandboxConfig(ro_binds=(state,)))
         sandbox.start(task)
         try:

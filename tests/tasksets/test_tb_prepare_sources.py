@@ -97,7 +97,7 @@ def test_an_incomplete_or_unreadable_mirror_is_named(tmp_path) -> None:
 def test_a_clone_without_a_mirror_names_the_option(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("COMPACTRL_DOWNLOAD_CACHE", raising=False)
     task = load_task_dir(_clone_task(tmp_path), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith(
+    assert task.grading.not_gradable.startswith(
         "needs its image: RUN bash /app/setup.sh (git clone https://github.com/acme/widgets.git: not reachable here; "
         "a bare mirror of it at <download cache>/git/<host>/<owner>/<name>.git, given with `--download-cache DIR`")
     with pytest.raises(ValueError, match="TerminalBenchConfig.download_cache: .* is not a folder"):
@@ -120,12 +120,12 @@ def test_a_setup_script_clones_from_the_mirror(tmp_path, cache) -> None:
     mirror_cache, commit = _mirror(tmp_path)
     task = load_task_dir(_clone_task(tmp_path), TerminalBenchConfig(backend="local", prepare=True,
                                                                     download_cache=mirror_cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    build = task.metadata["local_build"]["build"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    build = task.build.plan
     assert build["git"]["https://github.com/acme/widgets.git"]["head"] == commit
     assert any(n.startswith("git clone https://github.com/acme/widgets.git: from the mirror ") for n in
-               task.metadata["local_notes"])
-    state = task.metadata["local_state"]
+               task.grading.local_notes)
+    state = task.runtime.state
     with open(os.path.join(state, "work", "widgets", "README")) as fh:
         assert fh.read() == "widgets v1\n"
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
@@ -165,9 +165,9 @@ def test_an_npm_ci_step_runs_offline_in_the_sandbox(tmp_path, cache) -> None:
     (folder / "solution.sh").write_text("cp built.txt out.txt\n")
     (folder / "tests" / "test_outputs.py").write_text("def test_out():\n    assert open('/app/out.txt').read() == 'ok'\n")
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert os.path.isfile(os.path.join(task.metadata["local_state"], "work", "built.txt"))  # the step's script ran
-    assert task.metadata["env"]["npm_config_cache"] == "/root/.npm"
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert os.path.isfile(os.path.join(task.runtime.state, "work", "built.txt"))  # the step's script ran
+    assert task.runtime.env["npm_config_cache"] == "/root/.npm"
     gold = run_task(task, GoldPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
 
@@ -177,8 +177,8 @@ def test_an_npm_ci_step_runs_offline_in_the_sandbox(tmp_path, cache) -> None:
 @needs_local
 def test_a_dockerfile_step_writing_var_lib_is_replayed(cache) -> None:
     task = load_task_dir(os.path.join(LOCAL, "var-lib"), TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert "/var/lib" in task.metadata["writable_paths"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert "/var/lib" in task.runtime.writable_paths
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"]
@@ -189,8 +189,8 @@ def test_a_dockerfile_step_writing_var_lib_is_replayed(cache) -> None:
 @needs_local
 def test_tests_that_move_the_tests_folder_run_from_a_plain_folder(cache) -> None:
     task = load_task_dir(os.path.join(LOCAL, "moves-tests"), TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["tests_moved"] == "tests/test_outputs.py"
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.origin["tests_moved"] == "tests/test_outputs.py"
     assert 'Path("/app/.tbench_tests")' in task.check.hidden_files[".tbench_run/rw/test_outputs.py"]
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
@@ -227,13 +227,13 @@ def test_the_solutions_packages_are_in_a_wheelhouse_noop_does_not_see(tmp_path, 
         tests="def test_value():\n    assert open('/app/v.txt').read().strip() == '42'\n\n"
               "def test_the_package_is_importable():\n    import compactrl_fixture_pkg  # noqa: F401\n")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    build = task.metadata["local_build"]["build"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    build = task.build.plan
     assert build["wheelhouse"] == ["compactrl-fixture-pkg==1.0"] and not build["pip"]  # not pre-installed
-    state = task.metadata["local_state"]
+    state = task.runtime.state
     assert os.listdir(os.path.join(state, "wheelhouse")) == ["compactrl_fixture_pkg-1.0-py3-none-any.whl"]
     assert not os.path.exists(os.path.join(state, "site", "compactrl_fixture_pkg"))
-    assert task.metadata["env"]["PIP_NO_INDEX"] == "1" and task.metadata["env"]["UV_OFFLINE"] == "1"
+    assert task.runtime.env["PIP_NO_INDEX"] == "1" and task.runtime.env["UV_OFFLINE"] == "1"
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"]
@@ -260,9 +260,9 @@ def _gen_task(tmp_path) -> str:
 def test_a_copied_file_a_later_step_removes_is_there_for_the_steps_between(tmp_path, cache) -> None:
     folder = _gen_task(tmp_path)
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
+    assert not task.grading.not_gradable, task.grading.not_gradable
     assert sorted(task.files) == ["notes.txt"]  # the image's final state: gen.py removed
-    work = os.path.join(task.metadata["local_state"], "work")
+    work = os.path.join(task.runtime.state, "work")
     assert os.path.isfile(os.path.join(work, "keys.txt")) and not os.path.exists(os.path.join(work, "gen.py"))
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
@@ -274,5 +274,5 @@ def test_a_copy_of_a_file_the_folder_lacks_is_named(tmp_path) -> None:
     with open(os.path.join(folder, "Dockerfile"), "a") as fh:
         fh.write("COPY weights.pt /app/\n")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == ("the task's files are incomplete: COPY weights.pt names nothing in the "
+    assert task.grading.not_gradable == ("the task's files are incomplete: COPY weights.pt names nothing in the "
                                              "build context (its image cannot be built from these files either)")

@@ -45,7 +45,7 @@ def test_files_a_run_heredoc_writes_are_in_the_replayed_state(tmp_path: Path, ca
         solution="python3 src/gen.py > count.txt\n",
         tests="def test_count():\n    assert open('/app/count.txt').read().strip() == '2'\n")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    work = os.path.join(task.metadata["local_state"], "work")
+    work = os.path.join(task.runtime.state, "work")
     assert open(os.path.join(work, "notes.txt")).read() == "one && two\nit's three\n"
     assert open(os.path.join(work, "src", "gen.py")).read() == "print(len(open('notes.txt').readlines()))\n"
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
@@ -65,7 +65,7 @@ def test_a_run_before_any_workdir_runs_in_the_base_images_workdir(tmp_path: Path
         solution="cp /app/made.txt out.txt\n",
         tests="def test_out():\n    assert open('/workspace/out.txt').read().strip() == '/app'\n")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True))
-    assert "/app" in task.metadata["writable_paths"], task.metadata.get("not_gradable")
+    assert "/app" in task.runtime.writable_paths, task.grading.not_gradable
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None

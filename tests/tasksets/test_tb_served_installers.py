@@ -49,17 +49,17 @@ def test_a_task_whose_solution_installs_uv_and_builds_a_uv_project_is_gradable(t
                            dockerfile="FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624\nWORKDIR /app\n",
                            solution=UV_SOLUTION, tests="def test_ok():\n    assert True\n")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local"))
-    assert "not_gradable" not in task.metadata
-    build = task.metadata["local_build"]["build"]
+    assert not task.grading.not_gradable
+    build = task.build.plan
     assert build["served"] == {URL: "uv==0.7.13"} and build["tools"] == ["uv==0.7.13"]
     assert build["wheelhouse"] == ["pandas", "pyarrow"]
-    assert task.metadata["env"]["PATH"].startswith("__SITE__/../pybin:") and task.metadata["env"]["UV_OFFLINE"] == "1"
+    assert task.runtime.env["PATH"].startswith("__SITE__/../pybin:") and task.runtime.env["UV_OFFLINE"] == "1"
     # the same solution in a task whose image has a project of its own needs the network
     (Path(folder) / "pyproject.toml").write_text("[project]\nname = 'x'\nversion = '0'\ndependencies = ['numpy']\n")
     with open(Path(folder) / "Dockerfile", "a") as fh:
         fh.write("COPY pyproject.toml /app/\n")
     shipped = load_task_dir(folder, TerminalBenchConfig(backend="local"))
-    assert shipped.metadata["not_gradable"].startswith("needs network: the reference solution runs uv init")
+    assert shipped.grading.not_gradable.startswith("needs network: the reference solution runs uv init")
 
 
 def _state(tmp_path: Path) -> Path:

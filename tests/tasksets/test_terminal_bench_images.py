@@ -4,6 +4,7 @@ that task images give (local backend: private writable folders, ``/tests`` and `
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -12,7 +13,6 @@ import time
 import pytest
 from loader_helpers import FIXTURES, TB_TASK, docker_unavailable, local_unavailable
 
-from compactrl.envs.code_env import with_backend_state
 from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 from compactrl.sandbox import make_sandbox
@@ -26,6 +26,7 @@ from compactrl.sandbox.docker import (
     task_image_tag,
 )
 from compactrl.sandbox.local import LocalSandboxConfig
+from compactrl.task import ImageBuild, prepared
 from compactrl.tasksets.terminal_bench.folders import WRITABLE_PATHS, load_task_dir
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,17 +71,17 @@ def test_context_digest_follows_content_and_modes(tmp_path) -> None:
 
 def test_loader_names_the_build_and_the_places_outside_the_work_dir() -> None:
     task = load_task_dir(IMAGE_TASK)
-    build = task.metadata["image_build"]
-    assert build == {"context": os.path.join(IMAGE_TASK, "environment"),
-                     "dockerfile": os.path.join(IMAGE_TASK, "environment", "Dockerfile")}
-    assert task.metadata["writable_paths"] == list(WRITABLE_PATHS) and "/tests" in WRITABLE_PATHS
+    build = task.runtime.image_build
+    assert build == ImageBuild(context=os.path.join(IMAGE_TASK, "environment"),
+                               dockerfile=os.path.join(IMAGE_TASK, "environment", "Dockerfile"))
+    assert task.runtime.writable_paths == tuple(WRITABLE_PATHS) and "/tests" in WRITABLE_PATHS
     # COPY and RUN rm honoured without the image; the copy to /opt is replayed by the local backend
     assert sorted(task.files) == ["bin/shout.sh", "words.txt"]
-    steps = task.metadata["local_build"]["build"]["steps"]
+    steps = task.build.plan["steps"]
     assert {"op": "copy_out", "pairs": [["reference.txt", "/opt/reference/reference.txt"]]} in steps
-    assert task.metadata["image_only"] == []
+    assert task.grading.image_only == ()
     # the other solution/ files are written to /solution before solve.sh runs, as the harness puts them
-    script = task.metadata["solution_sh"]
+    script = task.reference.solution_sh
     assert script.startswith("if mkdir -p /solution") and "base64 -d > /solution/shout_all.py" in script
     assert script.endswith(open(os.path.join(IMAGE_TASK, "solution", "solve.sh")).read())
 
@@ -105,7 +106,7 @@ def test_local_gives_writable_folders_tests_and_solution() -> None:
     assert not noop["success"] and noop["sandbox_error"] is None, noop
     sb = make_sandbox("local", writable_paths=("/data",))
     try:
-        sb.start(with_backend_state(task, sb.backend))
+        sb.start(prepared(task, sb.backend))
         out = sb.exec("touch /data/a /root/b /logs/c && echo ok; touch /usr/x /etc/x 2>&1 | wc -l; ls -A /tests").output
         assert out.split() == ["ok", "2"], out  # the tests were copied for grading only
     finally:
@@ -124,8 +125,8 @@ def test_local_solution_files_arrive_byte_exact(tmp_path) -> None:
     task = load_task_dir(folder)
     sb = make_sandbox("local")
     try:
-        sb.start(with_backend_state(task, sb.backend))
-        sb.write_file("solution.sh", task.metadata["solution_sh"])
+        sb.start(prepared(task, sb.backend))
+        sb.write_file("solution.sh", task.reference.solution_sh)
         out = sb.exec("bash solution.sh >/dev/null && sha256sum /solution/blob.bin && stat -c %a /solution/solve.sh")
         assert out.output.split() == [hashlib.sha256(blob).hexdigest(), "/solution/blob.bin", "755"], out
     finally:
@@ -153,7 +154,7 @@ def test_docker_builds_the_task_image_and_grades_in_it() -> None:
     assert not noop["success"] and noop["sandbox_error"] is None, noop
     sb = make_sandbox("docker", **kwargs)
     try:
-        sb.start(with_backend_state(task, sb.backend))
+        sb.start(prepared(task, sb.backend))
         assert sb.image.startswith("compactrl-task/solution-files:")
         # what only the image has: RUN chmod, RUN rm, a COPY outside the work dir
         out = sb.exec("test -x bin/shout.sh && echo exec; ls bin; cat /opt/reference/reference.txt; pwd").output
@@ -167,7 +168,7 @@ def test_docker_image_is_cached_by_content(tmp_path) -> None:
     client = _docker_client()
     folder = str(tmp_path / "task")
     shutil.copytree(IMAGE_TASK, folder)
-    build = load_task_dir(folder).metadata["image_build"]
+    build = dataclasses.asdict(load_task_dir(folder).runtime.image_build)
     cfg = DockerSandboxConfig(base_images=SUBSTITUTES)
     tag = build_task_image(client, "cached", build, cfg)
     created = client.images.get(tag).id
@@ -194,7 +195,7 @@ def test_docker_missing_base_image_is_named_at_once() -> None:
     assert "base_images" in rec["sandbox_error"] and "pull" in rec["sandbox_error"]
     sb = make_sandbox("docker", base_images={"python:3.13-slim": "compactrl-no-such-image:0"})
     with pytest.raises(SandboxError, match=r"'compactrl-no-such-image:0' \(substitute for 'python:3.13-slim'\)"):
-        sb.start(with_backend_state(task, sb.backend))
+        sb.start(prepared(task, sb.backend))
 
 
 @pytest.mark.docker
@@ -212,10 +213,10 @@ def test_docker_work_dir_inherited_from_the_base_image(tmp_path) -> None:
     with open(dockerfile, "w") as fh:
         fh.write(text)
     task = load_task_dir(folder)
-    assert "workdir" not in task.metadata  # the loader cannot know what an unknown base sets
+    assert not task.runtime.workdir  # the loader cannot know what an unknown base sets
     sb = make_sandbox("docker", base_images={"python:3.13-slim": base})
     try:
-        sb.start(with_backend_state(task, sb.backend))
+        sb.start(prepared(task, sb.backend))
         assert sb.exec("pwd; ls").output.split() == ["/srv/app", "bin", "words.txt"]
         assert sb.read_file("words.txt") == "alpha\nbeta\ngamma\n"
     finally:
@@ -229,7 +230,7 @@ def test_docker_without_building_uses_the_default_image() -> None:
     task = load_task_dir(TB_TASK)
     sb = make_sandbox("docker", build_images=False)
     try:
-        sb.start(with_backend_state(task, sb.backend))
+        sb.start(prepared(task, sb.backend))
         assert sb.image == DEFAULT_IMAGE and sb.read_file("logs/api.log")  # files put in, as before
     finally:
         sb.close()

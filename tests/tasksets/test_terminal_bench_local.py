@@ -46,11 +46,11 @@ def test_a_python_verifier_writes_the_reward_itself(cache) -> None:
 
 def test_input_made_by_a_dockerfile_run_step(cache) -> None:
     task = _load("generated-input", cache)
-    build = task.metadata["local_build"]["build"]
+    build = task.build.plan
     assert "/opt" in build["roots"] and build["env"]["DATA_SEED"] == "20250620"
-    assert task.metadata["local_notes"] == ["apt-get install tmux asciinema: installed on this machine except asciinema "
+    assert list(task.grading.local_notes) == ["apt-get install tmux asciinema: installed on this machine except asciinema "
                                             "(terminal session tools, used by no grader)"]
-    assert os.path.isfile(os.path.join(task.metadata["local_state"], "work", "data", "readings.csv"))
+    assert os.path.isfile(os.path.join(task.runtime.state, "work", "data", "readings.csv"))
     gold, noop = _gold_and_noop(task)
     assert gold["success"], gold["info"]["test_log_tail"]
     # the generated input and the reference outside the work dir are there for noop too; only the report is missing
@@ -61,19 +61,19 @@ def test_input_made_by_a_dockerfile_run_step(cache) -> None:
 
 
 def test_the_state_is_cached_per_task_and_dockerfile(cache, tmp_path) -> None:
-    first = _load("generated-input", cache).metadata["local_state"]
-    assert _load("generated-input", cache).metadata["local_state"] == first
+    first = _load("generated-input", cache).runtime.state
+    assert _load("generated-input", cache).runtime.state == first
     folder = str(tmp_path / "generated-input")
     shutil.copytree(os.path.join(LOCAL, "generated-input"), folder)
     with open(os.path.join(folder, "Dockerfile"), "a") as fh:
         fh.write("ENV EXTRA=1\n")
     changed = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert changed.metadata["local_state"] != first
+    assert changed.runtime.state != first
 
 
 def test_a_sparse_file_past_256_mib_passes_by_default_and_a_lower_limit_is_named(cache) -> None:
     task = _load("sparse-file", cache)
-    assert task.metadata["limits"]["file_size_bytes"] == 32 << 30
+    assert task.runtime.limits.file_size_bytes == 32 << 30
     gold = run_task(task, GoldPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     low = _load("sparse-file", cache, file_size_bytes=128 << 20)
@@ -89,10 +89,10 @@ def test_a_task_that_needs_its_image_is_flagged_before_any_episode(cache, capsys
     reason = ("needs its image: RUN apt-get update && apt-get install -y compactrl-absent-tool "
               "(apt packages not installed on this machine: compactrl-absent-tool; `compactrl tasks validate "
               "--install-system-packages` installs them here)")
-    assert task.metadata["not_gradable"] == reason
+    assert task.grading.not_gradable == reason
     # the docker backend builds the image, so only a local load flags it; the local sandbox refuses it anyway
     other = load_task_dir(folder, TerminalBenchConfig(backend="docker"))
-    assert "not_gradable" not in other.metadata and other.metadata["local_build"] == {"error": reason}
+    assert not other.grading.not_gradable and other.build.error == reason and other.build.plan is None
     with pytest.raises(SandboxError, match="needs its image: RUN apt-get"):
         LocalSandbox().start(other)
     # eval reports it and grades nothing; so does `tasks validate` (exit status 1)

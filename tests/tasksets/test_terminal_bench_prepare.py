@@ -12,6 +12,8 @@ from loader_helpers import FIXTURES, local_unavailable, write_tb_task
 
 from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
+from compactrl.task import Build
+from compactrl.tasksets import system_packages as syspkg
 from compactrl.tasksets.terminal_bench import folders as tb
 from compactrl.tasksets.terminal_bench import local_build as tlb
 from compactrl.tasksets.terminal_bench.folders import TerminalBenchConfig, load_task_dir
@@ -23,14 +25,14 @@ LOCAL = os.path.join(FIXTURES, "terminal_bench_local")
 def test_apt_decision_per_package_without_installing() -> None:
     installed = {"make", "python3"}
     candidates = {"gfortran": "4:12.2.0-3", "gnucobol3": "3.1.2-5"}
-    decision = tlb.apt_decision(["make", "gfortran", "gnucobol3", "compactrl-absent-tool"],
+    decision = syspkg.apt_decision(["make", "gfortran", "gnucobol3", "compactrl-absent-tool"],
                                 has=lambda p: p in installed, candidate=candidates.get)
     assert decision == {"make": "installed", "gfortran": "installable", "gnucobol3": "installable",
                         "compactrl-absent-tool": "unavailable"}
 
 
 def test_a_solution_continued_over_lines_is_read_as_the_shell_reads_it(monkeypatch) -> None:
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "libopenmpi-dev")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name != "libopenmpi-dev")
     solution = "apt-get update && apt-get install -y \\\n    gcc \\\n    libopenmpi-dev\nmpicc -o sim sim.c\n"
     assert tlb.apt_packages([], [solution]) == ["gcc", "libopenmpi-dev"]
     assert tlb.solution_network(solution).startswith("apt-get install libopenmpi-dev, which this machine lacks")
@@ -48,8 +50,8 @@ def test_apt_packages_of_the_steps_and_the_solution_less_session_tools() -> None
 
 def test_a_missing_package_is_recorded_for_install_and_named_with_the_flag(cache) -> None:
     task = load_task_dir(os.path.join(LOCAL, "needs-image"), TerminalBenchConfig(backend="local"))
-    assert task.metadata["system_packages"] == ["compactrl-absent-tool"]
-    assert task.metadata["not_gradable"].endswith(
+    assert task.build.system_packages == ("compactrl-absent-tool",)
+    assert task.grading.not_gradable.endswith(
         "(apt packages not installed on this machine: compactrl-absent-tool; `compactrl tasks validate "
         "--install-system-packages` installs them here)")
 
@@ -57,41 +59,41 @@ def test_a_missing_package_is_recorded_for_install_and_named_with_the_flag(cache
 def test_install_for_tasks_installs_only_what_apt_has(monkeypatch) -> None:
     class T:
         def __init__(self, pkgs):
-            self.metadata = {"system_packages": pkgs}
+            self.build = Build(builder="x", system_packages=tuple(pkgs))
 
     calls, lines = [], []
-    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
+    monkeypatch.setattr(syspkg, "apt_decision", lambda pkgs: {p: "unavailable" if p == "nope" else "installable"
                                                            for p in pkgs})
-    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: calls.append(pkgs) or pkgs)
-    assert tlb.install_for_tasks([T(["gfortran", "nope"]), T(["gfortran", "dos2unix"]), T([])], lines.append) == [
+    monkeypatch.setattr(syspkg, "install_system_packages", lambda pkgs, record, echo: calls.append(pkgs) or pkgs)
+    assert syspkg.install_for_tasks([T(["gfortran", "nope"]), T(["gfortran", "dos2unix"]), T([])], lines.append) == [
         "gfortran", "dos2unix"]
     assert calls == [["gfortran", "dos2unix"]]
     assert lines[0] == "system packages apt has no candidate for (those tasks stay not gradable): nope"
 
 
 def test_packages_are_named_only_when_nothing_else_stops_the_task(monkeypatch) -> None:
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name != "qemu-utils")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name != "qemu-utils")
     apt = {"op": "run", "command": "apt-get update && apt-get install -y qemu-utils", "workdir": "/"}
     fetch = {"op": "run", "command": "wget -q https://example.org/alpine.iso -O /app/alpine.iso", "workdir": "/"}
     # a later step that needs the network is the reason: installing qemu-utils would not make it gradable
     assert tlb.plan([apt, fetch], {}, "", "/app", "k")[1].startswith("needs its image: RUN wget")
     alone = tlb.plan([apt, {"op": "run", "command": "echo ok > /app/x", "workdir": "/"}], {}, "", "/app", "k")[1]
-    assert alone.startswith("needs its image: RUN apt-get update") and tlb.INSTALL_HINT in alone
+    assert alone.startswith("needs its image: RUN apt-get update") and syspkg.INSTALL_HINT in alone
 
     class T:
         def __init__(self, pkgs, error=None):
-            self.metadata = {"system_packages": pkgs, **({"local_build": {"error": error}} if error else {})}
+            self.build = Build(builder="x", error=error, system_packages=tuple(pkgs))
 
-    monkeypatch.setattr(tlb, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
-    monkeypatch.setattr(tlb, "install_system_packages", lambda pkgs, record, echo: pkgs)
+    monkeypatch.setattr(syspkg, "apt_decision", lambda pkgs: dict.fromkeys(pkgs, "installable"))
+    monkeypatch.setattr(syspkg, "install_system_packages", lambda pkgs, record, echo: pkgs)
     tasks = [T(["clang"], "needs its image: RUN git clone https://github.com/o/n (...)"), T(["qemu-utils"], alone)]
-    assert tlb.install_for_tasks(tasks, lambda line: None) == ["qemu-utils"]
+    assert syspkg.install_for_tasks(tasks, lambda line: None) == ["qemu-utils"]
 
 
 def test_installing_needs_root(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="needs root"):
-        tlb.install_system_packages(["gfortran"], None, print)
+        syspkg.install_system_packages(["gfortran"], None, print)
 
 
 def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch) -> None:
@@ -106,12 +108,12 @@ def test_a_go_task_newer_than_this_machines_go_is_flagged(tmp_path, monkeypatch)
     (folder / "Dockerfile").write_text("FROM ubuntu:24.04\nRUN apt-get update && apt-get install -y golang-go\n"
                                        "WORKDIR /app\n")
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs Go 1.22 (its image's Go or the go line of a go.mod it "
+    assert task.grading.not_gradable.startswith("needs Go 1.22 (its image's Go or the go line of a go.mod it "
                                                     "writes), newer than this machine's Go 1.19")
     (folder / "solution.sh").write_text("cat > go.mod <<'EOF'\nmodule x\n\ngo 1.18\nEOF\ngo build ./...\n")
     (folder / "Dockerfile").write_text("FROM golang:1.26-bookworm\nWORKDIR /app\n")  # the image's own Go
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs Go 1.26")
+    assert task.grading.not_gradable.startswith("needs Go 1.26")
 
 
 # --------------------------------------------------------------------------------- installers
@@ -160,9 +162,9 @@ def test_a_solution_that_changes_system_files_is_seen() -> None:
 def test_a_dockerfile_that_writes_system_files_replays_into_a_root_layer(cache) -> None:
     folder = os.path.join(LOCAL, "system-files")
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["local_build"]["build"]["root_layer"] is True
-    layer = os.path.join(task.metadata["local_state"], "layer")
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.build.plan["root_layer"] is True
+    layer = os.path.join(task.runtime.state, "layer")
     with open(os.path.join(layer, "etc", "compactrl-service.ini")) as fh:
         assert fh.read() == "port=7071\n"
     assert os.access(os.path.join(layer, "usr", "local", "bin", "compactrl-greet"), os.X_OK)  # COPY kept its mode
@@ -183,12 +185,12 @@ def test_tests_that_move_the_tests_folder_are_flagged(tmp_path) -> None:
                   tests="import shutil\n\ndef test_x():\n    shutil.move('/tests', '/tmp/hidden')\n")
     # with the image's work dir known they run from a plain folder there (test_tb_prepare_sources.py runs one)
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["tests_moved"] == "tests/test_outputs.py" and "not_gradable" not in task.metadata
+    assert task.origin["tests_moved"] == "tests/test_outputs.py" and not task.grading.not_gradable
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local", use_dockerfile_workdir=False))
-    assert task.metadata["not_gradable"] == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
+    assert task.grading.not_gradable == ("needs its image: its tests move /tests away (tests/test_outputs.py), a "
                                              "mount point in the local sandbox (a plain folder in the image)")
     (folder / "tests" / "test_outputs.py").write_text("def test_x():\n    assert open('/tests/data.txt')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 def test_go_mod_tidy_of_standard_library_code_needs_no_network() -> None:
@@ -280,7 +282,7 @@ def test_a_verifier_that_installs_what_prepare_installed_runs_as_published(monke
     # installs are no-ops offline, so its own work (a build, a server) is not skipped by a pytest fallback
     from compactrl.tasksets.terminal_bench.folders import offline_uvx
 
-    monkeypatch.setattr(tlb, "_host_has_package", lambda name: name == "curl")
+    monkeypatch.setattr(tlb, "host_has_package", lambda name: name == "curl")
     script = offline_uvx(tlb.offline_installs(HARBOR_TEMPLATE))
     assert "apt-get" not in script and "astral.sh" not in script and ".local/bin/env" not in script
     assert "go build -o /app/server . && (/app/server &)" in script and "until curl -s http://localhost:8080" in script
@@ -311,11 +313,11 @@ def test_tests_that_rename_a_file_into_tmp_need_the_image(tmp_path) -> None:
                   solution="echo 'int main(){return 0;}' > mystery.c\n",
                   tests="import os\n\ndef test_x():\n    os.rename('mystery', '/tmp/mystery')\n")
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"].startswith("needs its image: its tests rename a file into /tmp "
+    assert task.grading.not_gradable.startswith("needs its image: its tests rename a file into /tmp "
                                                     "(tests/test_outputs.py)")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).grading.not_gradable
     (folder / "tests" / "test_outputs.py").write_text("import shutil\n\ndef test_x():\n    shutil.move('a', '/tmp/a')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 # ------------------------------------------------------------- a solution acting as the image's root
@@ -340,8 +342,8 @@ def test_a_solution_that_manages_users_is_recognised() -> None:
 
 @pytest.mark.skipif(not shutil.which("dpkg-query"), reason="dpkg-query lists what a package owns")
 def test_the_folders_a_package_owns_under_var_are_found() -> None:
-    assert "/var/lib/dpkg" in tlb.package_dirs(["dpkg"])
-    assert tlb.package_dirs(["compactrl-absent-tool"]) == []
+    assert "/var/lib/dpkg" in syspkg.package_dirs(["dpkg"])
+    assert syspkg.package_dirs(["compactrl-absent-tool"]) == []
 
 
 @pytest.mark.timeout(600)
@@ -358,10 +360,10 @@ def test_a_solution_that_configures_the_system_as_root_runs_in_a_root_layer(tmp_
         tests=("def test_greeting():\n    assert 'GREETING=hi' in open('/etc/skel/.bashrc').read()\n\n"
                "def test_page():\n    assert open('/var/www/site/index.html').read() == 'ok\\n'\n"))
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    build = task.metadata["local_build"]["build"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    build = task.build.plan
     assert build["root_layer"] is True and build["owned"] == [["/etc/skel", True]]
-    assert {"/run", "/var/www"} <= set(task.metadata["writable_paths"])
+    assert {"/run", "/var/www"} <= set(task.runtime.writable_paths)
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
@@ -382,9 +384,9 @@ def test_a_folder_the_steps_remove_whole_is_not_in_the_episode(tmp_path, cache) 
         tests=("import os\n\ndef test_b():\n    assert open('/app/b.txt').read() == 'hi\\n'\n\n"
                "def test_no_build():\n    assert not os.path.exists('/build')\n"))
     task = load_task_dir(folder, TerminalBenchConfig(backend="local", prepare=True, local_cache=cache))
-    assert "not_gradable" not in task.metadata, task.metadata.get("not_gradable")
-    assert task.metadata["local_build"]["build"]["gone"] == ["/build"]
-    assert "/build" not in task.metadata["writable_paths"]
+    assert not task.grading.not_gradable, task.grading.not_gradable
+    assert task.build.plan["gone"] == ["/build"]
+    assert "/build" not in task.runtime.writable_paths
     gold, noop = run_task(task, GoldPolicy(), "local"), run_task(task, NoopPolicy(), "local")
     assert gold["success"], gold["info"]["test_log_tail"]
     assert not noop["success"] and noop["sandbox_error"] is None
@@ -402,7 +404,7 @@ def test_a_test_script_install_prepare_cannot_do_is_flagged(tmp_path) -> None:
     write_tb_task(folder, instruction="x", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n",
                   solution="echo ok > out.txt\n", tests="def test_x():\n    pass\n", **{"run-tests.sh": script})
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == (
+    assert task.grading.not_gradable == (
         "needs network: the test script runs pip install from the package index https://download.pytorch.org/whl/cpu "
         "(not PyPI, which prepare installs from); prepare installs what test scripts install from PyPI only")
 
@@ -415,14 +417,14 @@ def test_tests_that_fetch_from_the_network_are_flagged(tmp_path) -> None:
                   tests=("import os\n\ndef test_curl():\n    os.popen('curl example.com > /app/example.html').read()\n"
                          "    assert open('/app/example.html').read()\n"))
     task = load_task_dir(str(folder), TerminalBenchConfig(backend="local"))
-    assert task.metadata["not_gradable"] == ("needs network: its tests fetch from the network at test time "
+    assert task.grading.not_gradable == ("needs network: its tests fetch from the network at test time "
                                              "(tests/test_outputs.py fetches example.com; the local sandbox has none)")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="docker")).grading.not_gradable
     # this machine's own servers are not the network
     (folder / "tests" / "test_outputs.py").write_text(
         "import requests\n\ndef test_up():\n    requests.get('http://localhost:8080/health')\n"
         "    os.popen('curl -s http://127.0.0.1:5000/x')\n")
-    assert "not_gradable" not in load_task_dir(str(folder), TerminalBenchConfig(backend="local")).metadata
+    assert not load_task_dir(str(folder), TerminalBenchConfig(backend="local")).grading.not_gradable
 
 
 def test_hub_downloads_by_command_line_tools_are_seen() -> None:

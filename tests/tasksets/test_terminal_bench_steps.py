@@ -51,11 +51,11 @@ def _two_step_task(root, gate: str = "min_reward = 1.0\n", strategy: str = "") -
 
 def test_the_steps_are_read_with_their_own_tests_solutions_and_limits(tmp_path) -> None:
     task = load_task_dir(_two_step_task(tmp_path), TerminalBenchConfig(backend="local"))
-    steps = task.metadata["steps"]
-    assert task.instruction == "Write one to a.txt." and [s["name"] for s in steps] == ["1_make", "2_extend"]
-    assert task.metadata["steps_reward"] == "mean" and steps[0]["min_reward"] == 1.0 and steps[1]["min_reward"] is None
-    assert task.check.kind == "harbor" and task.check.timeout_s == 60.0 and steps[1]["check"]["timeout_s"] == 30.0
-    assert "/app/b.txt" in steps[1]["check"]["hidden_files"][".tbench_tests/test.sh"]
+    steps = task.steps
+    assert task.instruction == "Write one to a.txt." and [s.name for s in steps] == ["1_make", "2_extend"]
+    assert task.steps_reward == "mean" and steps[0].min_reward == 1.0 and steps[1].min_reward is None
+    assert task.check.kind == "harbor" and task.check.timeout_s == 60.0 and steps[1].check.timeout_s == 30.0
+    assert "/app/b.txt" in steps[1].check.hidden_files[".tbench_tests/test.sh"]
     assert "/app/b.txt" not in task.check.hidden_files[".tbench_tests/test.sh"]
     assert task.time_limit_s == 240.0  # every step's agent time
     calls = gold_calls(task)

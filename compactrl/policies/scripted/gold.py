@@ -3,10 +3,10 @@
 
 :class:`GoldPolicy` knows, from ``request.task``:
 
-* SWE-bench tasks: the gold ``patch`` (``metadata["gold_patch"]``): with the repository's files in
+* SWE-bench tasks: the gold ``patch`` (``Task.reference.gold_patch``): with the repository's files in
   the task, the patched files are written with ``create``; with the repository inside an image,
   the patch is written to a file and applied there with ``git apply`` (or ``patch -p1``);
-* Terminal-Bench tasks: ``solution.sh`` (``metadata["solution_sh"]``), written and run with bash;
+* Terminal-Bench tasks: ``solution.sh`` (``Task.reference.solution_sh``, each of ``Task.steps``), written and run with bash;
 * generated terminal tasks: the solution commands with the true fact values;
 * generated code tasks: each stale constant replaced by its right value.
 
@@ -34,19 +34,18 @@ def gold_calls(task) -> list[ToolCall]:
         if task.files:  # the repository's files are known: write the patched files (no git needed inside)
             from compactrl.tasksets.swebench.rows import apply_patch
 
-            patched = apply_patch(task.files, meta["gold_patch"])
+            patched = apply_patch(task.files, task.reference.gold_patch)
             return [ToolCall("create", path=p, content=c) if c is not None else ToolCall("shell", command=f"rm -f {p}")
                     for p, c in patched.items()]
         apply = (f"(git apply --whitespace=nowarn {PATCH_FILE} || patch -p1 --forward < {PATCH_FILE}) "
                  f"&& rm -f {PATCH_FILE}")
-        return [ToolCall("create", path=PATCH_FILE, content=meta["gold_patch"]), ToolCall("shell", command=apply)]
+        return [ToolCall("create", path=PATCH_FILE, content=task.reference.gold_patch), ToolCall("shell", command=apply)]
     if task.source == "terminal-bench":
-        steps = meta.get("steps") or [{"name": None, "solution_sh": meta.get("solution_sh")}]
+        steps = [(s.name, s.solution_sh) for s in task.steps] or [(None, task.reference.solution_sh)]
         calls: list[ToolCall] = []
-        for i, step in enumerate(steps):
-            script = step.get("solution_sh")
+        for i, (name, script) in enumerate(steps):
             if not script:
-                where = f" step {step['name']!r}" if step.get("name") else ""
+                where = f" step {name!r}" if name else ""
                 raise ValueError(f"task {task.id!r}{where}: no solution.sh, solution.yaml or solution/solve.sh to run")
             run = f"bash {SOLUTION_FILE}; __rc=$?; rm -f {SOLUTION_FILE}; exit $__rc"
             calls += [*([ToolCall("submit")] if i else []), ToolCall("create", path=SOLUTION_FILE, content=script),

@@ -116,7 +116,7 @@ class PrepareConfig:
     install_system_packages: bool = False
     """Before building: ``apt-get install`` the packages the rows' ``pre_install`` installs in the
     harness's image and this machine lacks (needs root; the Terminal-Bench loader's
-    :func:`~compactrl.tasksets.terminal_bench.local_build.install_system_packages`: each command printed and
+    :func:`~compactrl.tasksets.system_packages.install_system_packages`: each command printed and
     recorded, here also in ``manifest.json``'s ``system_packages``). Without it such rows are flagged
     not gradable (matplotlib's tests need ghostscript, LaTeX, ffmpeg, ImageMagick as its image has them)."""
     resolver: str = "auto"
@@ -1321,10 +1321,10 @@ def system_packages_wanted(specs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def install_system_packages_for(specs: Sequence[Mapping[str, Any]], progress: Progress | None = None) -> dict[str, Any]:
     """``apt-get install`` what :func:`system_packages_wanted` names and this machine lacks, where
-    apt has it (the Terminal-Bench loader's functions: root only, each command printed and recorded
+    apt has it (:mod:`compactrl.tasksets.system_packages`: root only, each command printed and recorded
     in ``~/.cache/compactrl/system-packages.jsonl``); ``{"wanted", "installed", "unavailable"}``.
     A failing apt is a PrepareError with apt's last lines."""
-    from compactrl.tasksets.terminal_bench.local_build import (
+    from compactrl.tasksets.system_packages import (
         SYSTEM_PACKAGES_RECORD,
         apt_decision,
         install_system_packages,

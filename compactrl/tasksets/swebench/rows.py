@@ -10,7 +10,7 @@ the official files, plain lists accepted), and optionally ``version``, ``environ
   the test files become ``Check.hidden_files``, written only for grading;
 * the SWE-bench Docker image (``use_images=True``): ``{namespace}/sweb.eval.{arch}.{instance_id}:{tag}``
   with ``__`` spelled ``_1776_`` (the harness's ``instance_image_key``); the repository lives in
-  the image at ``/testbed`` (``metadata["workdir"]``), and grading applies the hidden test patch
+  the image at ``/testbed`` (``Task.runtime.workdir``), and grading applies the hidden test patch
   with ``git apply``, runs the tests, then restores the test files.
 
 The test command runs the files ``test_patch`` touches (SWE-bench's test directives: every
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from compactrl.task import Check, Task
+from compactrl.task import Check, Grading, Reference, Runtime, Task
 from compactrl.tasksets.swebench import grading
 from compactrl.tasksets.swebench.network import network_reason
 
@@ -85,7 +85,7 @@ class SWEBenchConfig:
     setup_by_repo: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Extra setup commands per ``owner/name``, run after ``setup``."""
     max_file_bytes: int = 2_000_000
-    """Files larger than this are left out of ``Task.files`` (counted in ``metadata``)."""
+    """Files larger than this are left out of ``Task.files`` (listed in ``Task.origin["skipped_files"]``)."""
     max_turns: int = 100
     """Turn limit of each task."""
     time_limit_s: float = 3600.0
@@ -473,12 +473,13 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
     if not tests:
         raise SWEBenchError(f"{where}: test_patch: touches no test file")
     spec = row_spec(row, config)
-    meta: dict[str, Any] = {
-        "instance_id": iid, "repo": repo, "base_commit": base, "gold_patch": row["patch"],
+    origin: dict[str, Any] = {
+        "instance_id": iid, "repo": repo, "base_commit": base,
         "test_patch": row["test_patch"], "FAIL_TO_PASS": list(f2p), "PASS_TO_PASS": list(p2p),
         "test_files": tests, "version": row.get("version"), "log_parser": grading.parser_name(repo, spec["log_parser"]),
         "environment_setup_commit": row.get("environment_setup_commit"),
     }
+    runtime: dict[str, Any] = {}
     hidden = _grading_files(row, spec, f2p, p2p)
     graded_sources: dict[str, str] = {}  # the graded test files after test_patch (images: in the image, not read)
     if config.use_images:
@@ -486,7 +487,7 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         files: dict[str, str] = {}
         command = _image_check_command(row, _graded_command(python, _test_command(spec["test_command"], python, tests)))
         hidden[TEST_PATCH_FILE] = row["test_patch"]
-        meta["workdir"] = "/testbed"
+        runtime["workdir"] = "/testbed"
         image = image_name(iid, config.image_namespace, config.image_tag, config.arch)
     else:
         python = spec["python"] or "python"
@@ -499,23 +500,21 @@ def row_to_task(row: Mapping[str, Any], config: SWEBenchConfig, where: str | Non
         prepared = bool(spec.get("checkout"))
         prefix = (env_prefix(python, harness_env=True) if prepared else "") + "".join(f"{c}; " for c in spec["pre_test"])
         command = _graded_command(python, _test_command(spec["test_command"], python, tests), prefix)
-        meta.update(repo_path=os.path.abspath(_checkout_of(row, config, spec)), skipped_files=skipped)
+        origin.update(repo_path=os.path.abspath(_checkout_of(row, config, spec)), skipped_files=skipped)
         if prepared:  # the sandbox copies the prepared tree itself: modes, symlinks, binary and built files
-            meta["work_tree"] = os.path.abspath(spec["checkout"])
-            meta["ro_mounts"] = env_mounts(python)
+            runtime["work_tree"] = os.path.abspath(spec["checkout"])
+            runtime["ro_mounts"] = tuple(env_mounts(python))
         image = None
-    meta["python"] = python
     # a required test that reaches a remote host fails here for a reason the row does not name
     why = spec.get("not_gradable") or network_reason(graded_sources, f2p + p2p)
-    if why:
-        meta["not_gradable"] = why
     setup = tuple(spec["setup"])
-    if meta.get("work_tree") and os.path.isabs(python):  # the agent's shell has the row's environment too
+    if runtime.get("work_tree") and os.path.isabs(python):  # the agent's shell has the row's environment too
         setup = (env_prefix(python).strip().rstrip(";"), *setup)
     check = Check(kind="script", command=command, must_pass=f2p + p2p, hidden_files=hidden, timeout_s=config.test_timeout_s)
     return Task(id=iid, kind="code", instruction=_instruction(row), files=files, check=check, setup=setup,
                 max_turns=config.max_turns, time_limit_s=config.time_limit_s, docker_image=image,
-                source="swebench", metadata=meta)
+                source="swebench", runtime=Runtime(python=python, **runtime), grading=Grading(not_gradable=why or None),
+                reference=Reference(gold_patch=row["patch"]), origin=origin)
 
 
 def _local_files(row: Mapping[str, Any], config: SWEBenchConfig, spec: Mapping[str, Any],

@@ -18,7 +18,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from compactrl.sandbox._shell import HEREDOC
+from compactrl.sandbox.shell_syntax import HEREDOC
 
 INLINE = "<inline>"
 """Source prefix of a copy whose content is a Dockerfile heredoc (``DockerfileFacts.inline``)."""

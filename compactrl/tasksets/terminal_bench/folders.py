@@ -7,11 +7,11 @@ writes ``/logs/verifier/reward.txt``), ``solution/solve.sh``. docs/task_formats.
 and what is honoured. In short:
 
 * The work dir is the image's: ``[environment].workdir``, the Dockerfile's ``WORKDIR`` (relative
-  ones joined, one inherited from a Terminal-Bench base image), -> ``metadata["workdir"]``.
+  ones joined, one inherited from a Terminal-Bench base image), -> ``Task.runtime.workdir``.
 * ``COPY``/``ADD`` of build-context files into the work dir -> ``Task.files`` at their destinations
   (binary files byte-exact: decoded with ``surrogateescape``, written back the same way); files a
   later ``RUN rm`` removes are left out. What only a built image gives (package installs,
-  downloads, services, copies outside the work dir) -> ``metadata["image_only"]``, one reason each.
+  downloads, services, copies outside the work dir) -> ``Task.grading.image_only``, one reason each.
 * ``tests/`` -> hidden files under ``.tbench_tests/`` (``run-tests.sh`` under ``.tbench_run/``, so
   a ``tests/run-tests.sh`` is not overwritten), written only for grading. The absolute ``/tests``
   and ``/logs/verifier`` in the test scripts become ``$TBENCH_ROOT/.tbench_tests`` and
@@ -21,11 +21,14 @@ and what is honoured. In short:
   the harness's default) and reads pytest's ``-rA`` report; 2.x runs ``tests/test.sh`` and
   succeeds iff the reward it writes is >= 1. ``grading="auto"`` falls back to pytest on the tests
   when the script installs packages from the network (the sandboxes have none), saying so in
-  ``metadata["grading_note"]``; ``"script"`` and ``"pytest"`` force one.
-* ``solution.sh`` / ``solution.yaml``'s commands / ``solution/solve.sh`` -> ``metadata["solution_sh"]``.
-* The Dockerfile and its build context -> ``metadata["image_build"]``: the docker backend builds the
+  ``Task.grading.note``; ``"script"`` and ``"pytest"`` force one.
+* ``solution.sh`` / ``solution.yaml``'s commands / ``solution/solve.sh`` -> ``Task.reference.solution_sh``.
+* The Dockerfile and its build context -> ``Task.runtime.image_build``: the docker backend builds the
   task's own image from them (cached by content digest) and runs the task in it; the local backend
-  mounts private writable folders at ``metadata["writable_paths"]`` (``/root``, ``/logs``, ...).
+  mounts private writable folders at ``Task.runtime.writable_paths`` (``/root``, ``/logs``, ...).
+
+The loader works on one record (``meta``: the keys above by their old names) and ends with
+:func:`typed_fields`, which sorts it into the typed fields of the Task.
 """
 
 from __future__ import annotations
@@ -42,14 +45,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from compactrl.sandbox.tb_verdict import REWARD_BEGIN, REWARD_END
-from compactrl.task import Check, Task
+from compactrl.task import Build, Check, Grading, ImageBuild, Limits, Reference, Runtime, Step, Task
+from compactrl.tasksets.system_packages import GO_PACKAGES, host_has_package
+from compactrl.tasksets.terminal_bench.build import MODULE as BUILDER_MODULE
+from compactrl.tasksets.terminal_bench.build import prepare_at_load
 from compactrl.tasksets.terminal_bench.files import executable_files, read_limited, task_files
 from compactrl.tasksets.terminal_bench.local_build import (
     BASE_PATH,
-    GO_PACKAGES,
     Plan,
-    PrepareError,
-    _host_has_package,
     apt_packages,
     digest_of,
     go_requirement,
@@ -68,7 +71,6 @@ from compactrl.tasksets.terminal_bench.local_build import (
     wheelhouse_env,
 )
 from compactrl.tasksets.terminal_bench.local_build import plan as plan_build
-from compactrl.tasksets.terminal_bench.local_build import prepare as prepare_state
 from compactrl.tasksets.terminal_bench.spec import TaskSpec, TerminalBenchError, _text, read_spec
 from compactrl.tasksets.terminal_bench.toolchains import ToolchainError
 from compactrl.tasksets.terminal_bench.toolchains import cached as cached_toolchain
@@ -115,10 +117,10 @@ class TerminalBenchConfig:
     max_turns: int = 50
     """Turn limit of each task."""
     max_file_bytes: int = 2_000_000
-    """Task files larger than this are left out (listed in ``metadata["skipped_files"]``)."""
+    """Task files larger than this are left out (listed in ``Task.origin["skipped_files"]``)."""
     backend: str | None = None
     """The backend the tasks will run on, when known (``compactrl eval`` passes it): with ``"local"``,
-    a Dockerfile step the local backend cannot replay sets ``metadata["not_gradable"]`` (on ``docker``
+    a Dockerfile step the local backend cannot replay sets ``Task.grading.not_gradable`` (on ``docker``
     the task's own image runs it). Whatever this says, the local sandbox refuses such a task."""
     prepare: bool = False
     """Replay the Dockerfile's steps for the local backend now (cached; pip requirements fetched
@@ -345,8 +347,8 @@ def _solution_with_files(spec: TaskSpec, limit: int) -> str | None:
 
 def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Task:
     """One Terminal-Bench task folder (1.x or 2.x) as a Task (see the module docstring). A multi-step 2.x
-    task starts with its first step (``instruction``, ``check``); ``metadata["steps"]`` holds every step's
-    name, instruction, check, reference solution and ``min_reward``, and ``metadata["steps_reward"]`` how
+    task starts with its first step (``instruction``, ``check``); ``Task.steps`` holds every step's
+    name, instruction, check, reference solution and ``min_reward``, and ``Task.steps_reward`` how
     the task's reward comes from theirs (the env runs them in one episode: :mod:`compactrl.envs.code_env`)."""
     config = config or TerminalBenchConfig()
     spec = read_spec(folder)
@@ -401,15 +403,45 @@ def load_task_dir(folder: str, config: TerminalBenchConfig | None = None) -> Tas
         if meta.get("tests_moved"):
             _tests_in_workdir(one, hidden, meta["workdir"], config.max_file_bytes)
         checks.append(_check(one, config, hidden, step_mode, meta.get("workdir"), bool(meta.get("tests_moved"))))
-    for entry, check in zip(meta.get("steps", ()), checks):
-        entry["check"] = dataclasses.asdict(check)
     task = Task(id=os.path.basename(os.path.abspath(folder)), kind="terminal", instruction=spec.instruction,
                 files=files, check=checks[0], max_turns=config.max_turns * len(steps),
                 time_limit_s=spec.agent_timeout_s, docker_image=config.image or spec.docker_image,
-                source="terminal-bench", metadata=meta)
-    if config.prepare and "build" in meta.get("local_build", {}):
-        task = _prepared(task, config)
+                source="terminal-bench", **typed_fields(meta, checks))
+    if config.prepare and task.build is not None and task.build.plan is not None:
+        task = prepare_at_load(task, config.local_cache)
     return task
+
+
+#: the loader's working record's keys that go to ``Task.origin`` (what no backend, env or grader reads)
+ORIGIN_KEYS = ("terminal_bench", "task_dir", "skipped_files", "ignored_keys", "tests_moved")
+
+
+def typed_fields(meta: dict[str, Any], checks: list[Check]) -> dict[str, Any]:
+    """The Task fields (``runtime``, ``grading``, ``reference``, ``steps``, ``build``, ``origin``) of the
+    loader's working record ``meta`` (the keys the module docstring names) and each step's check."""
+    limits = meta["limits"]
+    image = meta.get("image_build")
+    runtime = Runtime(
+        workdir=meta.get("workdir"), home=meta.get("home"), env=dict(meta.get("env") or {}),
+        writable_paths=tuple(meta["writable_paths"]), ro_binds=tuple(meta.get("ro_binds", ())),
+        keep_background=meta["keep_background"], image_root=bool(meta.get("image_root")), limits=Limits(**limits),
+        image_build=ImageBuild(**image) if image else None)
+    grading = Grading(mode=meta["grading"], note=meta.get("grading_note"), not_gradable=meta.get("not_gradable"),
+                      image_only=tuple(meta["image_only"]), local_notes=tuple(meta.get("local_notes", ())))
+    steps = tuple(Step(name=entry["name"], instruction=entry["instruction"], check=check,
+                       solution_sh=entry["solution_sh"], min_reward=entry["min_reward"],
+                       time_limit_s=entry["time_limit_s"], grading=entry["grading"])
+                  for entry, check in zip(meta.get("steps", ()), checks))
+    build = None
+    if any(k in meta for k in ("local_build", "system_packages", "toolchains", "executable_files")):
+        local = meta.get("local_build") or {}
+        build = Build(builder=BUILDER_MODULE, plan=local.get("build"), error=local.get("error"),
+                      system_packages=tuple(meta.get("system_packages", ())),
+                      toolchains=tuple(meta.get("toolchains", ())),
+                      executable_files=tuple(meta.get("executable_files", ())))
+    return {"runtime": runtime, "grading": grading, "reference": Reference(solution_sh=meta["solution_sh"]),
+            "steps": steps, "steps_reward": meta.get("steps_reward"), "build": build,
+            "origin": {k: meta[k] for k in ORIGIN_KEYS if k in meta}}
 
 
 # Images with runtimes that reserve far more address space than they use (Node, Chromium): their tasks get
@@ -420,7 +452,7 @@ RESERVING_ADDRESS_SPACE = 4 << 40
 
 
 def _limits(spec: TaskSpec, config: TerminalBenchConfig) -> dict[str, int]:
-    """The local sandbox's limits for this task (``metadata["limits"]``; each hit is named in the verdict)."""
+    """The local sandbox's limits for this task (``Task.runtime.limits``; each hit is named in the verdict)."""
     memory = max(config.memory_bytes, (spec.memory_mb or 0) << 20)
     dockerfile = (_text(spec.dockerfile) or "") if spec.dockerfile else ""
     if _RESERVING_RUNTIMES.search(dockerfile):
@@ -440,11 +472,37 @@ def _solutions(meta: dict) -> str | None:
 
 
 def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig, meta: dict) -> None:
-    """``metadata["local_build"]``: how the local backend replays the Dockerfile (``{"build": plan}``),
+    """``Task.build``: how the local backend replays the Dockerfile (``{"build": plan}``),
     or why it cannot (``{"error": "needs its image: <the step>"}``); nothing when there is nothing to replay."""
+    plan, why = _replay_plan(spec, facts, files, config, meta)
+    plan, why = _test_time_reasons(spec, facts, config, meta, plan, why)
+    packages = apt_packages(facts.steps, [_solutions(meta)])
+    plan, why = _solution_privileges(spec, meta, plan, why, packages)
+    go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
+    if go_why:
+        plan, why = None, go_why
+    elif missing := [p for p in packages if not host_has_package(p)]:
+        # what `compactrl tasks validate --install-system-packages` installs on this machine
+        meta["system_packages"] = missing
+    if not spec.dockerfile and not why:
+        return
+    _record_build(meta, plan, why, config)
+    if toolchain and not why:
+        _use_toolchain(meta, toolchain, facts)
+
+
+def _digest(spec: TaskSpec) -> str:
+    """The key of the task's prepared state: its Dockerfile, its context and this interpreter."""
+    return digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
+
+
+def _replay_plan(spec: TaskSpec, facts, files: dict[str, str], config: TerminalBenchConfig,
+                 meta: dict) -> tuple[Plan | None, str | None]:
+    """``(plan, why)``: the Dockerfile's steps planned for the local backend, or why they cannot be (a step
+    only the image can run, services, the reference solution's network)."""
     plan, why = None, None
     if spec.dockerfile:
-        digest = digest_of(spec.dockerfile, spec.context, f"{sys.executable}\0{sys.version}")
+        digest = _digest(spec)
         tests = "\n".join(filter(None, [text for one in spec.steps or [spec] for text in [
             one.run_tests, one.test_sh, *(_text(os.path.join(one.folder, "tests", rel)) for rel in one.test_files
                                           if rel.endswith(".sh"))]]))
@@ -468,6 +526,14 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     fetch = solution_network(_solutions(meta), has_project=any(os.path.basename(p) == "pyproject.toml" for p in files))
     if fetch and not why:
         plan, why = None, f"needs network: the reference solution runs {fetch} (the local sandbox has none)"
+    return plan, why
+
+
+def _test_time_reasons(spec: TaskSpec, facts, config: TerminalBenchConfig, meta: dict, plan: Plan | None,
+                       why: str | None) -> tuple[Plan | None, str | None]:
+    """``(plan, why)`` after what the tests do at test time that the local sandbox cannot (move ``/tests``
+    away, fetch from the network, rename into ``/tmp``); a work dir the tests may move sets
+    ``meta["tests_moved"]``."""
     moves = next(filter(None, map(_tests_move_tests_dir, spec.steps or [spec])), None)
     if moves and facts.workdir and config.use_dockerfile_workdir and config.backend != "docker":
         # run from a plain folder in the work dir, which the tests can move (see _tests_in_workdir)
@@ -483,7 +549,13 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if renames and not why and config.backend != "docker":
         plan, why = None, (f"needs its image: its tests rename a file into /tmp ({renames}), which fails across file "
                            "systems (EXDEV): the local sandbox's /tmp is a file system of its own, the image's is not")
-    packages = apt_packages(facts.steps, [_solutions(meta)])
+    return plan, why
+
+
+def _solution_privileges(spec: TaskSpec, meta: dict, plan: Plan | None, why: str | None,
+                         packages: list[str]) -> tuple[Plan | None, str | None]:
+    """``(plan, why)`` after what the reference solution needs the image's root for (users, an SSH server,
+    system files): granted in the task's root layer when compactrl runs as root, else a reason."""
     users = solution_users(_solutions(meta))
     # as root here, the shell can be root in a user namespace of its own, where the users it adds exist
     image_root = bool(users) and not why and bool(spec.dockerfile) and os.geteuid() == 0
@@ -502,24 +574,22 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
     if writes and not why and spec.dockerfile and os.geteuid() == 0:
         # as the image's root: what it writes there is the sandbox user's in the task's root layer
         if plan is None:  # nothing of the Dockerfile's to replay
-            plan = Plan(key=digest, env={"PATH": BASE_PATH})
-        grant_system_writes(plan, _solutions(meta), [p for p in packages if _host_has_package(p)])
+            plan = Plan(key=_digest(spec), env={"PATH": BASE_PATH})
+        grant_system_writes(plan, _solutions(meta), [p for p in packages if host_has_package(p)])
     elif writes and not why and not (plan is not None and plan.root_layer):
         plan, why = None, (f"needs its image: the reference solution changes system files as the image's root "
                            f"({writes}); the local sandbox's shell is unprivileged (a root layer needs compactrl to "
                            "run as root)")
     if image_root and not why:
         if plan is None:
-            plan = Plan(key=digest, env={"PATH": BASE_PATH})
+            plan = Plan(key=_digest(spec), env={"PATH": BASE_PATH})
         grant_users(plan, users)
-    go_why, toolchain = _go_toolchain(spec, packages, files, _solutions(meta), config)
-    if go_why:
-        plan, why = None, go_why
-    elif missing := [p for p in packages if not _host_has_package(p)]:
-        # what `compactrl tasks validate --install-system-packages` installs on this machine
-        meta["system_packages"] = missing
-    if not spec.dockerfile and not why:
-        return
+    return plan, why
+
+
+def _record_build(meta: dict, plan: Plan | None, why: str | None, config: TerminalBenchConfig) -> None:
+    """``meta``'s ``image_only``, ``local_build``, ``not_gradable``, ``image_root``, ``env``, ``writable_paths``
+    and ``local_notes`` from the plan, or from why there is none."""
     # what the local backend cannot replay is now exactly the reason below (the rest is replayed or mapped)
     meta["image_only"] = [why] if why else []
     if why:
@@ -544,14 +614,12 @@ def _local_build(spec: TaskSpec, facts, files: dict[str, str], config: TerminalB
                                                                                  if r not in plan.gone)]))
         if plan.mapped:
             meta["local_notes"] = plan.mapped
-    if toolchain and not why:
-        _use_toolchain(meta, toolchain, facts)
 
 
 def _use_toolchain(meta: dict, rec: dict, facts) -> None:
     """A toolchain fetched from PyPI (:mod:`.tb_toolchains`) for the episode: mounted read-only
-    (``metadata["ro_binds"]``), its ``bin`` first on ``PATH``, its variables as the image sets them,
-    recorded in ``metadata["toolchains"]`` and the notes."""
+    (``Task.runtime.ro_binds``), its ``bin`` first on ``PATH``, its variables as the image sets them,
+    recorded in ``Task.build.toolchains`` and the notes."""
     env = meta.setdefault("env", {})
     image_env = {k: v for s in facts.steps if s.get("op") == "env" for k, v in s["vars"].items()}
     env.update(toolchain_env(rec, image_env))
@@ -662,14 +730,6 @@ def _go_needed(spec: TaskSpec, packages: list[str], files: dict[str, str], solut
     for dirpath, _dirs, names in os.walk(spec.context or spec.folder):
         texts += [_text(os.path.join(dirpath, "go.mod"))] if "go.mod" in names else []
     return go_requirement(texts)
-
-
-def _prepared(task: Task, config: TerminalBenchConfig) -> Task:
-    try:
-        state = prepare_state(task, config.local_cache)
-    except PrepareError as e:
-        return dataclasses.replace(task, metadata={**task.metadata, "not_gradable": str(e)})
-    return dataclasses.replace(task, metadata={**task.metadata, "local_state": state})
 
 
 def load_terminal_bench(path: str, config: TerminalBenchConfig | None = None,

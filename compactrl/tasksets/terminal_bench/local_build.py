@@ -10,7 +10,7 @@ episode and decides, per ``RUN``, what the local sandbox can do:
   inside); ``apt-get update``, ``chown``, ``useradd`` and the like are no-ops here;
 * what cannot be mapped (a package this machine lacks, ``curl``/``wget``/``git clone``, ``npm``,
   ``cargo install``, ``go install``, ``uvx``, a ``pip install`` of a local project, ``COPY --from``,
-  ``ADD`` of a URL...) makes the task ``metadata["not_gradable"] = "needs its image: <the step>"``;
+  ``ADD`` of a URL...) makes the task's ``grading.not_gradable`` "needs its image: <the step>";
 * every other command runs, in order, inside a local sandbox (``/bin/sh -c``, as the engine runs
   ``RUN``), with the ``ENV`` seen so far and the current ``WORKDIR``; ``COPY`` outside the work dir
   is staged and copied there.
@@ -20,7 +20,7 @@ result under ``<cache>/<task id>-<key>/``: ``work/`` (the work dir, with modes),
 the steps wrote outside the work dir: ``/root``, ``/opt``, ``/data``...), ``site/`` (pip's target)
 and ``state.json``. A step that fails there makes the task not gradable with the step, its exit
 code and its output's tail. The local sandbox restores ``work/`` and ``roots.tar`` at the start of
-every episode (``metadata["local_state"]``); nothing is downloaded during an episode.
+every episode (``Task.runtime.state``); nothing is downloaded during an episode.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-from compactrl.sandbox._shell import HEREDOC
+from compactrl.sandbox.shell_syntax import HEREDOC
+from compactrl.tasksets.system_packages import INSTALL_HINT, apt_candidate, host_has_package, package_dirs
 from compactrl.tasksets.terminal_bench.files import read_limited
 
 log = logging.getLogger(__name__)
@@ -375,32 +376,9 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
         if fetch:
             return Segment(text, words, "image", f"{os.path.basename(targets[0])} downloads {fetch}")
     if cmd in ("bash", "sh") and targets and targets[0].endswith(".sh"):
-        # a build script from the context: what it runs counts as the step's (its exit status may hide a
-        # failed download, e.g. a `git clone` followed by more commands)
-        script = _context_text(targets[0].replace("/app/", "", 1) if targets[0].startswith("/") else targets[0],
-                               files, context) or _context_text(os.path.basename(targets[0]), files, context)
-        clones: list[str] = []
-        wheels: list[str] = []  # what the uv project it builds installs (from the wheelhouse, offline)
-        uv_project = False
-        for line in script_lines(script):
-            line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
-            for inner, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):  # the installer is served
-                seg = classify(inner, files, context)
-                uv_project = uv_project or _uv_subcommand(seg.words) == "init"
-                if uv_project and (uv_project_offline(seg.words) or seg.action == "pip" and seg.words[0] == "uv"):
-                    reqs = seg.detail if seg.action == "pip" else uv_add_requirements(seg.words)
-                    wheels += [r for r in reqs if r not in wheels]
-                    continue
-                if seg.action == "image":
-                    return Segment(text, words, "image", f"{os.path.basename(targets[0])} runs {seg.detail}")
-                if seg.action == "git":
-                    clones += seg.detail
-        if clones:  # the clones it runs, from a git mirror (see plan)
-            return Segment(text, words, "git", clones)
-        served = served_installers(script)
-        if served or wheels:  # run as written, with the installer served and the project's wheels at hand
-            return Segment(text, words, "script", {"script": os.path.basename(targets[0]), "served": served,
-                                                   "wheels": wheels})
+        found = _classify_build_script(text, words, targets[0], files, context)
+        if found is not None:
+            return found
     if cmd in _NOOP or (cmd == "rm" and _system_paths(targets)):
         return Segment(text, words, "noop")
     if cmd == "rm" and any(t.startswith("/") and t.strip("/").split("/")[0] in _NOT_TASK_ROOTS
@@ -412,7 +390,37 @@ def classify(text: str, files: dict[str, str], context: str) -> Segment:
             return Segment(text, words, "image", f"removes {absent[0]}, which this machine lacks (the image's own "
                                                  "system files)")
     return Segment(text, words, "run")
-    return Segment(text, words, "run")
+
+
+def _classify_build_script(text: str, words: list[str], target: str, files: dict[str, str],
+                           context: str) -> Segment | None:
+    """A build script from the context (``bash build.sh``): what it runs counts as the step's (its exit status
+    may hide a failed download, e.g. a ``git clone`` followed by more commands). None: an ordinary run."""
+    script = _context_text(target.replace("/app/", "", 1) if target.startswith("/") else target,
+                           files, context) or _context_text(os.path.basename(target), files, context)
+    clones: list[str] = []
+    wheels: list[str] = []  # what the uv project it builds installs (from the wheelhouse, offline)
+    uv_project = False
+    for line in script_lines(script):
+        line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
+        for inner, _sep in split_segments(_UV_INSTALLER.sub(" true ", line)):  # the installer is served
+            seg = classify(inner, files, context)
+            uv_project = uv_project or _uv_subcommand(seg.words) == "init"
+            if uv_project and (uv_project_offline(seg.words) or seg.action == "pip" and seg.words[0] == "uv"):
+                reqs = seg.detail if seg.action == "pip" else uv_add_requirements(seg.words)
+                wheels += [r for r in reqs if r not in wheels]
+                continue
+            if seg.action == "image":
+                return Segment(text, words, "image", f"{os.path.basename(target)} runs {seg.detail}")
+            if seg.action == "git":
+                clones += seg.detail
+    if clones:  # the clones it runs, from a git mirror (see plan)
+        return Segment(text, words, "git", clones)
+    served = served_installers(script)
+    if served or wheels:  # run as written, with the installer served and the project's wheels at hand
+        return Segment(text, words, "script", {"script": os.path.basename(target), "served": served,
+                                               "wheels": wheels})
+    return None
 
 
 # npm subcommands that install from the registry (fetched at prepare time, then run offline) and ones
@@ -476,27 +484,9 @@ def task_roots(steps: list[dict], workdir: str | None) -> list[str]:
 SESSION_TOOLS = {"asciinema", "tmux", "nano", "vim", "vim-tiny", "less", "screen", "htop", "man-db", "emacs-nox"}
 
 
-def _host_has_package(name: str) -> bool:
-    """Installed here: by dpkg, or as a command of that name on PATH or in the toolchains the local
-    sandbox mounts (``npm`` with Node's own install, ``rustc`` through rustup)."""
-    from compactrl.sandbox.local import host_toolchains
-
-    # a Go toolchain package (golang-go, golang-1.22-go): any `go` the sandbox gets (its version is
-    # checked against the task's separately)
-    command = "go" if GO_PACKAGES.match(name) else name
-    if shutil.which(command, path=":".join([BASE_PATH, *host_toolchains()[1]])):
-        return True
-    try:
-        res = subprocess.run(["dpkg-query", "-W", "-f=${db:Status-Status}", name], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return res.returncode == 0 and res.stdout.strip() == "installed"
-
-
 def apt_missing(packages: list[str]) -> list[str]:
     """The packages of an ``apt-get install`` this machine lacks (terminal session tools left out)."""
-    return [p for p in packages if p not in SESSION_TOOLS and not _host_has_package(p)]
+    return [p for p in packages if p not in SESSION_TOOLS and not host_has_package(p)]
 
 
 def _satisfied(requirement: str) -> bool:
@@ -518,7 +508,7 @@ def _satisfied(requirement: str) -> bool:
 
 @dataclass
 class Plan:
-    """What the local backend does for one task's Dockerfile (JSON in ``metadata["local_build"]``)."""
+    """What the local backend does for one task's Dockerfile (JSON in ``Task.build.plan``)."""
 
     key: str
     steps: list[dict] = field(default_factory=list)
@@ -1008,35 +998,6 @@ def owned_system_paths(writes: list[str], exists=os.path.lexists) -> list[tuple[
     return list(out.items())
 
 
-_PACKAGE_DIRS = re.compile(r"^/var/(?:lib|log|spool|cache|www)/[^/]+$|^/var/www$")
-
-
-def package_dirs(packages: list[str]) -> list[str]:
-    """The folders under ``/var`` that these installed packages, and the packages of the same source they
-    depend on, own (``/var/lib/nginx``, ``/var/log/nginx`` of nginx-common for ``nginx``): where the image
-    has them once the package is installed; the local sandbox has no ``/var`` of this machine's."""
-    out: list[str] = []
-    for name in packages:
-        source, _, depends = _dpkg_query("-W", "-f=${source:Package}\n${Depends}", name).partition("\n")
-        if not source:
-            continue
-        deps = sorted({d.strip().split()[0].split(":")[0] for d in re.split(r"[,|]", depends) if d.strip()} - {name})
-        # one query for every dependency's source package (a package apt does not have is left out of its output)
-        sources = dict(line.split("\t", 1) for line in _dpkg_query(
-            "-W", "-f=${Package}\t${source:Package}\n", *deps).splitlines() if "\t" in line) if deps else {}
-        same = [name] + [d for d in deps if sources.get(d) == source]
-        out += [p for p in _dpkg_query("-L", *same).splitlines() if _PACKAGE_DIRS.match(p) and os.path.isdir(p)]
-    return list(dict.fromkeys(out))
-
-
-def _dpkg_query(*args: str) -> str:
-    """``dpkg-query``'s output ('' where it cannot run); a package it does not know is left out of it."""
-    try:
-        return subprocess.run(["dpkg-query", *args], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-
-
 def grant_system_writes(plan: Plan, script: str | None, packages: list[str]) -> list[str]:
     """Let a reference solution configure the system as the image's root does (nginx: edit ``/etc/nginx``,
     make ``/var/www/html``, start the service): what it writes under the system folders (:func:`system_writes`)
@@ -1087,10 +1048,6 @@ def grant_users(plan: Plan, users: str) -> None:
                        "copied into the task's root layer")
 
 
-INSTALL_HINT = "; `compactrl tasks validate --install-system-packages` installs them here"
-GO_PACKAGES = re.compile(r"^(golang|golang-go|golang-\d+\.\d+(-go)?)$")
-
-
 def apt_packages(steps: list[dict], scripts: list[str | None] = ()) -> list[str]:
     """Every package the Dockerfile's ``RUN`` steps (and the given scripts: a reference solution)
     ``apt-get install``, in order, less the terminal session tools."""
@@ -1102,81 +1059,6 @@ def apt_packages(steps: list[dict], scripts: list[str | None] = ()) -> list[str]
             if seg.action == "apt":
                 out += [p for p in seg.detail if p not in SESSION_TOOLS and p not in out]
     return out
-
-
-def apt_decision(packages: list[str], has=None, candidate=None) -> dict[str, str]:
-    """Per package: ``"installed"`` (here already), ``"installable"`` (apt has a candidate: ``--install-
-    system-packages`` installs it at prepare) or ``"unavailable"`` (no candidate in this machine's apt
-    sources: the task needs its image). ``has``/``candidate`` default to dpkg and ``apt-cache policy``."""
-    has = has or _host_has_package
-    candidate = candidate or apt_candidate
-    return {p: "installed" if has(p) else ("installable" if candidate(p) else "unavailable") for p in packages}
-
-
-def apt_candidate(name: str) -> str | None:
-    """The version apt would install (``apt-cache policy``), or None."""
-    try:
-        res = subprocess.run(["apt-cache", "policy", name], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"Candidate:\s*(\S+)", res.stdout)
-    return m.group(1) if m and m.group(1) != "(none)" else None
-
-
-def install_system_packages(packages: list[str], record: str | None = None, echo=print) -> list[str]:
-    """``apt-get install -y --no-install-recommends`` the packages (after one ``apt-get update``): at
-    prepare time, never during an episode. Needs root. Each command is printed and appended, with
-    its result, to ``record`` (JSON lines). Returns what is installed afterwards; raises
-    ``RuntimeError`` with apt's last lines when apt fails."""
-    if not packages:
-        return []
-    if os.geteuid() != 0:
-        raise RuntimeError(f"installing system packages ({' '.join(packages)}) needs root: run as root, or "
-                           f"`apt-get install {' '.join(packages)}` yourself")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
-        echo("$ " + shlex.join(cmd))
-        started = time.monotonic()
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-        if record:
-            os.makedirs(os.path.dirname(os.path.abspath(record)), exist_ok=True)
-            with open(record, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": cmd,
-                                     "exit_code": res.returncode, "seconds": round(time.monotonic() - started, 1),
-                                     "tail": (res.stdout + res.stderr).strip().splitlines()[-5:]}) + "\n")
-        if res.returncode != 0:
-            raise RuntimeError(f"{shlex.join(cmd)} failed ({res.returncode}): "
-                               + " | ".join((res.stdout + res.stderr).strip().splitlines()[-3:]))
-    return [p for p in packages if _host_has_package(p)]
-
-
-SYSTEM_PACKAGES_RECORD = os.path.join(os.path.expanduser("~"), ".cache", "compactrl", "system-packages.jsonl")
-
-
-def install_for_tasks(tasks, echo=print, record: str | None = None) -> list[str]:
-    """Install (apt) the system packages that tasks' Dockerfiles or reference solutions install and
-    this machine lacks (``metadata["system_packages"]``, set by the Terminal-Bench loader), when apt
-    has them; prints what it does and what apt lacks. Returns the packages installed (the caller loads
-    the tasks again: they are then planned with the packages present)."""
-    wanted: list[str] = []
-    for task in tasks:
-        error = (task.metadata.get("local_build") or {}).get("error") or ""
-        if error and INSTALL_HINT not in error:
-            continue  # something else stops it (network, its image): the packages would not help
-        wanted += [p for p in task.metadata.get("system_packages") or () if p not in wanted]
-    if not wanted:
-        echo("system packages: every package the tasks install is on this machine")
-        return []
-    decision = apt_decision(wanted)
-    unavailable = [p for p, d in decision.items() if d == "unavailable"]
-    if unavailable:
-        echo(f"system packages apt has no candidate for (those tasks stay not gradable): {' '.join(unavailable)}")
-    todo = [p for p, d in decision.items() if d == "installable"]
-    if not todo:
-        return []
-    echo(f"installing system packages for {sum(bool(t.metadata.get('system_packages')) for t in tasks)} task(s): "
-         f"{' '.join(todo)} (recorded in {record or SYSTEM_PACKAGES_RECORD})")
-    return install_system_packages(todo, record or SYSTEM_PACKAGES_RECORD, echo)
 
 
 def go_requirement(texts: list[str | None]) -> tuple[int, int] | None:
@@ -1307,7 +1189,7 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                                               f"installed on this machine: {' '.join(missing)}{INSTALL_HINT})")
                         pieces.append(" true " + sep)
                         continue
-                    absent = [p for p in seg.detail if p in SESSION_TOOLS and not _host_has_package(p)]
+                    absent = [p for p in seg.detail if p in SESSION_TOOLS and not host_has_package(p)]
                     out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
                         f" except {' '.join(absent)} (terminal session tools, used by no grader)" if absent else ""))
                     text = " true "
@@ -1435,7 +1317,7 @@ def state_dir(task_id: str, build: dict, cache: str | None = None) -> str:
 
 
 def with_local_state(task, cache: str | None = None):
-    """``task`` with its prepared state (``metadata["local_state"]``): from the cache, or built now
+    """``task`` with its prepared state (``Task.runtime.state``): from the cache, or built now
     without downloads (a task that needs packages fetched must be prepared before its episode: the
     loader with ``prepare=True``, or ``compactrl tasks validate``). A state that cannot be prepared is a
     :class:`~compactrl.sandbox.SandboxError` naming the task, as any infrastructure failure."""
@@ -1447,16 +1329,15 @@ def with_local_state(task, cache: str | None = None):
         state = prepare(task, cache, allow_download=False)
     except PrepareError as e:
         raise SandboxError(f"task {task.id}: {e}") from None
-    return dataclasses.replace(task, metadata={**task.metadata, "local_state": state})
+    return dataclasses.replace(task, runtime=dataclasses.replace(task.runtime, state=state))
 
 
 def prepare(task, cache: str | None = None, *, allow_download: bool = True, timeout_s: float = 900.0,
             sandbox_options: dict | None = None) -> str:
     """The task's prepared state folder (built now if absent). Raises :class:`PrepareError`."""
-    entry = task.metadata["local_build"]
-    if entry.get("error"):
-        raise PrepareError(entry["error"])
-    build = entry["build"]
+    if task.build.error:
+        raise PrepareError(task.build.error)
+    build = task.build.plan
     dest = state_dir(task.id, build, cache)
     done = os.path.join(dest, "state.json")
     if os.path.isfile(done):
@@ -1521,9 +1402,84 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     """Run the plan into ``out`` (``work/``, ``roots.tar``, ``site/``, and with ``root`` the steps run as
     root with ``layer/`` receiving what they change under the system folders); the failure reason or None."""
     from compactrl.sandbox.local import LocalSandbox
-    from compactrl.task import Check, Task
+    from compactrl.task import Check, Runtime, Task
 
     site = os.path.join(out, "site")
+    failed = _fetch_packages(task, build, out, site, timeout_s)
+    if failed:
+        return failed
+    outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
+            for src, dest in s["pairs"]]
+    stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
+             for i, (src, _dest, inline) in enumerate(outs)}
+    files = {**task.files, **{k: v for k, v in stage.items() if v is not None}}
+    runtime = Runtime(workdir=task.runtime.workdir, env=_site_env(build.get("env") or {}, site),
+                      writable_paths=tuple(sorted({*task.runtime.writable_paths, *build.get("roots", ())})))
+    box = Task(id=task.id, kind="terminal", instruction="prepare", files=files, check=Check(kind="script", command="true"),
+               runtime=runtime)
+    layer = os.path.join(out, "layer")
+    if root:
+        os.mkdir(layer, 0o755)
+        options = {**options, "root_layer": layer, "root_layer_writable": True}
+    tool_roots = tuple(os.path.dirname(rec["root"]) for rec in build.get("toolchains") or ())
+    if build.get("git_mirror"):  # git clone from the mirror (read-only; see git_mirror_env)
+        tool_roots += (build["git_mirror"],)
+    sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
+                               "output_limit_bytes": 16 << 20,
+                               "ro_binds": (out, *tool_roots)} | options))
+    sandbox.start(box)
+    try:
+        modes = [shlex.quote(p) for p in task.build.executable_files if p in task.files]
+        if modes:  # the modes COPY keeps
+            sandbox.exec(f"chmod +x -- {' '.join(modes)}")
+        index = 0
+        for step in build["steps"]:
+            if step["op"] == "copy_out":
+                for _src, dest in step["pairs"]:
+                    q = shlex.quote(dest)
+                    staged = shlex.quote(f"{sandbox._workdir}/{STAGE_DIR}/{index}")
+                    mode = " && chmod +x " + q if _context_executable(task, _src) else ""
+                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {staged} {q}{mode}")
+                    index += 1
+                    if res.exit_code != 0:
+                        return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
+                continue
+            npm_prefix = ""
+            for words in step.get("npm") or ():
+                failed = _npm_prefetch(sandbox, words, step, out, timeout_s)
+                if failed:
+                    return f"needs its image: RUN {step['command'].strip()[:160]} ({failed})"
+                home = step["env"].get("HOME", "/root")
+                npm_prefix = (f"mkdir -p {shlex.quote(home)}/.npm && cp -a {shlex.quote(out)}/npm-cache/. "
+                              f"{shlex.quote(home)}/.npm/ && export npm_config_cache={shlex.quote(home)}/.npm "
+                              "npm_config_offline=true npm_config_audit=false npm_config_fund=false; ")
+            env = _step_env(step, build, out, site)
+            exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
+            # the host's toolchains outside the system folders (a Go in /usr/lib/go-1.NN, rustup's cargo) stand
+            # for the image's own (golang:1.22 has Go on its PATH): after the image's PATH, as in an episode
+            path = ":".join([env.get("PATH", BASE_PATH), *_host_tool_path()])
+            command = (f"{exports}{npm_prefix}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
+                       f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
+                       f"/bin/sh -c {shlex.quote(_marks(step['command'], out))}")
+            res = sandbox.exec(command, timeout_s=timeout_s)
+            if res.exit_code != 0:
+                tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
+                what = "timed out" if res.timed_out else f"exit {res.exit_code}"
+                reached = network_failure(res.output)
+                if reached:  # the cause is a download inside the step (a script's fetch): named, not the tail
+                    return (f"needs network: RUN {step['command'].strip()[:160]} (failed here: {what}: it fetches from "
+                            f"the network, which the sandbox has none of: {reached})")
+                return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
+        return _keep_state(sandbox, build, out, timeout_s, root)
+    finally:
+        sandbox.close()
+        if root:
+            _finish_layer(layer, sandbox.config.sandbox_uid)
+
+
+def _fetch_packages(task, build: dict, out: str, site: str, timeout_s: float) -> str | None:
+    """What the plan installs from the network, fetched into ``out`` before the steps run: pip's target
+    (``site``), the wheelhouse, release downloads, installer tools, served installers; the failure or None."""
     if build.get("pip"):
         os.makedirs(site)
         # wheels only: a requirement with none for this interpreter (numpy 1.21 on Python 3.11) is the
@@ -1561,105 +1517,52 @@ def _build(task, build: dict, out: str, timeout_s: float, options: dict, root: b
     if build.get("served"):
         os.makedirs(site, exist_ok=True)  # the episode names pybin as site/../pybin
         write_served(os.path.join(out, "pybin"), build["served"])
-    outs = [(src, dest, (s.get("inline") or {}).get(dest)) for s in build["steps"] if s["op"] == "copy_out"
-            for src, dest in s["pairs"]]
-    stage = {f"{STAGE_DIR}/{i}": inline if inline is not None else _read_context(task, src)
-             for i, (src, _dest, inline) in enumerate(outs)}
-    files = {**task.files, **{k: v for k, v in stage.items() if v is not None}}
-    meta = {k: task.metadata[k] for k in ("workdir", "writable_paths") if k in task.metadata}
-    meta["writable_paths"] = sorted({*meta.get("writable_paths", ()), *build.get("roots", ())})
-    box = Task(id=task.id, kind="terminal", instruction="prepare", files=files, check=Check(kind="script", command="true"),
-               metadata=meta | {"env": _site_env(build.get("env") or {}, site)})
-    layer = os.path.join(out, "layer")
-    if root:
-        os.mkdir(layer, 0o755)
-        options = {**options, "root_layer": layer, "root_layer_writable": True}
-    tool_roots = tuple(os.path.dirname(rec["root"]) for rec in build.get("toolchains") or ())
-    if build.get("git_mirror"):  # git clone from the mirror (read-only; see git_mirror_env)
-        tool_roots += (build["git_mirror"],)
-    sandbox = LocalSandbox(**({"file_size_bytes": 16 << 30, "writable_bytes": 4 << 30, "timeout_s": timeout_s,
-                               "output_limit_bytes": 16 << 20,
-                               "ro_binds": (out, *tool_roots)} | options))
-    sandbox.start(box)
-    try:
-        modes = [shlex.quote(p) for p in task.metadata.get("executable_files") or () if p in task.files]
-        if modes:  # the modes COPY keeps
-            sandbox.exec(f"chmod +x -- {' '.join(modes)}")
-        index = 0
-        for step in build["steps"]:
-            if step["op"] == "copy_out":
-                for _src, dest in step["pairs"]:
-                    q = shlex.quote(dest)
-                    staged = shlex.quote(f"{sandbox._workdir}/{STAGE_DIR}/{index}")
-                    mode = " && chmod +x " + q if _context_executable(task, _src) else ""
-                    res = sandbox.exec(f"mkdir -p \"$(dirname {q})\" && cp {staged} {q}{mode}")
-                    index += 1
-                    if res.exit_code != 0:
-                        return f"needs its image: COPY to {dest} (cannot be written here: {res.output.strip()[-200:]})"
-                continue
-            npm_prefix = ""
-            for words in step.get("npm") or ():
-                failed = _npm_prefetch(sandbox, words, step, out, timeout_s)
-                if failed:
-                    return f"needs its image: RUN {step['command'].strip()[:160]} ({failed})"
-                home = step["env"].get("HOME", "/root")
-                npm_prefix = (f"mkdir -p {shlex.quote(home)}/.npm && cp -a {shlex.quote(out)}/npm-cache/. "
-                              f"{shlex.quote(home)}/.npm/ && export npm_config_cache={shlex.quote(home)}/.npm "
-                              "npm_config_offline=true npm_config_audit=false npm_config_fund=false; ")
-            env = _site_env(step["env"], site)
-            # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
-            # so repositories there are marked safe; clones come from the mirror when there is one
-            env = {**env, **git_mirror_env(build.get("git_mirror"))}
-            if build.get("served"):  # a build script's uv installer served, its uv project built offline (write_served)
-                env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
-                       **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
-                          if build.get("wheelhouse") else {})}
-            if step.get("uv_offline"):  # `uv init`/`uv add`/`uv sync` of the image's project, from the wheelhouse
-                env = {**env, "UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
-                       "UV_PYTHON_DOWNLOADS": "never"}
-            for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
-                env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
-            exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items() if k != "PATH")
-            # the host's toolchains outside the system folders (a Go in /usr/lib/go-1.NN, rustup's cargo) stand
-            # for the image's own (golang:1.22 has Go on its PATH): after the image's PATH, as in an episode
-            path = ":".join([env.get("PATH", BASE_PATH), *_host_tool_path()])
-            command = (f"{exports}{npm_prefix}export PATH={shlex.quote('/opt/compactrl/bin:' + path)}; "
-                       f"mkdir -p {shlex.quote(step['workdir'])} 2>/dev/null; cd {shlex.quote(step['workdir'])} && "
-                       f"/bin/sh -c {shlex.quote(_marks(step['command'], out))}")
-            res = sandbox.exec(command, timeout_s=timeout_s)
-            if res.exit_code != 0:
-                tail = " | ".join(res.output.strip().splitlines()[-3:])[-300:]
-                what = "timed out" if res.timed_out else f"exit {res.exit_code}"
-                reached = network_failure(res.output)
-                if reached:  # the cause is a download inside the step (a script's fetch): named, not the tail
-                    return (f"needs network: RUN {step['command'].strip()[:160]} (failed here: {what}: it fetches from "
-                            f"the network, which the sandbox has none of: {reached})")
-                return f"needs its image: RUN {step['command'].strip()[:160]} (failed here: {what}: {tail})"
-        if build.get("dirs"):
-            res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
-            if res.exit_code != 0:
-                return f"needs its image: its packages' folders ({res.output.strip()[-200:]})"
-        for path, recursive in build.get("owned") or () if root else ():
-            # changing a file's owner in the overlay copies it up into the layer (_finish_layer gives it to the
-            # sandbox's user); its owner stays root's until then
-            res = sandbox.exec(f"chown {'-R ' if recursive else ''}-h 0:0 -- {shlex.quote(path)}")
-            if res.exit_code != 0:
-                return f"needs its image: the system files its solution writes ({res.output.strip()[-200:]})"
-        _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")
-                                            and r not in build.get("gone", ())])
-        work = os.path.join(sandbox.session_dir, "work")
-        tar = os.path.join(work, ROOTS_TAR)
-        if os.path.isfile(tar) and os.path.getsize(tar) > 0:
-            shutil.move(tar, os.path.join(out, "roots.tar"))
-        elif os.path.exists(tar):
-            os.remove(tar)
-        shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
-        shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
-        shutil.rmtree(os.path.join(out, "downloads"), ignore_errors=True)  # used by the steps; the cache keeps them
-    finally:
-        sandbox.close()
-        if root:
-            _finish_layer(layer, sandbox.config.sandbox_uid)
+    return None
+
+
+def _step_env(step: dict, build: dict, out: str, site: str) -> dict[str, str]:
+    """The environment of one ``RUN`` step: the image's, its site folder, the git mirror, a served uv
+    installer and the wheelhouse, the toolchains fetched for it."""
+    env = _site_env(step["env"], site)
+    # git: the work dir is the sandbox user's while root runs the steps (the engine's build owns both),
+    # so repositories there are marked safe; clones come from the mirror when there is one
+    env = {**env, **git_mirror_env(build.get("git_mirror"))}
+    if build.get("served"):  # a build script's uv installer served, its uv project built offline (write_served)
+        env = {**env, "PATH": os.path.join(out, "pybin") + ":" + env.get("PATH", BASE_PATH),
+               **({"UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1"}
+                  if build.get("wheelhouse") else {})}
+    if step.get("uv_offline"):  # `uv init`/`uv add`/`uv sync` of the image's project, from the wheelhouse
+        env = {**env, "UV_FIND_LINKS": os.path.join(out, "wheelhouse"), "UV_NO_INDEX": "1", "UV_OFFLINE": "1",
+               "UV_PYTHON_DOWNLOADS": "never"}
+    for rec in build.get("toolchains") or ():  # a newer toolchain from PyPI, first on PATH (tb_toolchains)
+        env = {**env, **toolchain_env(rec, step["env"]), "PATH": rec["bin"] + ":" + env.get("PATH", BASE_PATH)}
+    return env
+
+
+def _keep_state(sandbox, build: dict, out: str, timeout_s: float, root: bool) -> str | None:
+    """After the steps: the packages' folders made, the system files the solution writes owned as the image
+    has them, and what the steps wrote kept in ``out`` (``roots.tar``, ``work/``); the failure or None."""
+    if build.get("dirs"):
+        res = sandbox.exec("mkdir -p -- " + " ".join(map(shlex.quote, build["dirs"])))
+        if res.exit_code != 0:
+            return f"needs its image: its packages' folders ({res.output.strip()[-200:]})"
+    for path, recursive in build.get("owned") or () if root else ():
+        # changing a file's owner in the overlay copies it up into the layer (_finish_layer gives it to the
+        # sandbox's user); its owner stays root's until then
+        res = sandbox.exec(f"chown {'-R ' if recursive else ''}-h 0:0 -- {shlex.quote(path)}")
+        if res.exit_code != 0:
+            return f"needs its image: the system files its solution writes ({res.output.strip()[-200:]})"
+    _archive_roots(sandbox, timeout_s, [r for r in build.get("roots", ()) if r not in ("/tests", "/logs", "/solution")
+                                        and r not in build.get("gone", ())])
+    work = os.path.join(sandbox.session_dir, "work")
+    tar = os.path.join(work, ROOTS_TAR)
+    if os.path.isfile(tar) and os.path.getsize(tar) > 0:
+        shutil.move(tar, os.path.join(out, "roots.tar"))
+    elif os.path.exists(tar):
+        os.remove(tar)
+    shutil.copytree(work, os.path.join(out, "work"), symlinks=True)
+    shutil.rmtree(os.path.join(out, "npm-cache"), ignore_errors=True)  # in roots.tar now, where the image has it
+    shutil.rmtree(os.path.join(out, "downloads"), ignore_errors=True)  # used by the steps; the cache keeps them
     return None
 
 
@@ -1988,7 +1891,7 @@ def wheelhouse_env(env: dict[str, str]) -> dict[str, str]:
 
 def _python_mismatch(task) -> str:
     """`` (its image's Python is 3.8, the sandbox's 3.11)`` when the Dockerfile's base is another Python."""
-    path = (task.metadata.get("image_build") or {}).get("dockerfile") or ""
+    path = task.runtime.image_build.dockerfile if task.runtime.image_build else ""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             m = re.search(r"(?im)^FROM\s+(?:\S+/)?python:(\d+\.\d+)", fh.read())
@@ -1999,13 +1902,12 @@ def _python_mismatch(task) -> str:
 
 
 def _context_executable(task, src: str) -> bool:
-    path = os.path.join((task.metadata.get("image_build") or {}).get("context", ""), src)
+    path = os.path.join(task.runtime.image_build.context if task.runtime.image_build else "", src)
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def _read_context(task, src: str) -> str | None:
-    build = task.metadata.get("image_build") or {}
-    path = os.path.join(build.get("context", ""), src)
+    path = os.path.join(task.runtime.image_build.context if task.runtime.image_build else "", src)
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as fh:
