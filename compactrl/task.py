@@ -430,3 +430,6 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{where}: expected a list of strings, got {value!r}")
     return tuple(value)
+
+__all__ = ["Build", "Builder", "Check", "Grading", "ImageBuild", "Limits", "Reference", "Runtime", "Step", "Task",
+           "TaskKind", "TaskSource", "prepared"]

@@ -33,3 +33,12 @@ def test_the_page_and_each_modules_all_agree_and_resolve():
         assert sorted(names) == sorted(module.__all__), name
         for attr in names:
             assert getattr(module, attr) is not None, f"{name}.{attr}"
+
+
+def test_no_public_name_shadows_a_submodule():
+    # `from package import name` would give the function or the module depending on what was imported before
+    for name in listed():
+        path = ROOT / name.replace(".", "/")
+        if (path / "__init__.py").exists():
+            submodules = {p.stem for p in path.glob("*.py")} | {p.name for p in path.iterdir() if (p / "__init__.py").exists()}
+            assert set(importlib.import_module(name).__all__) & submodules == set(), name

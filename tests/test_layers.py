@@ -17,8 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("compactrl.sandbox.docker", "compactrl.tasksets.terminal_bench.base_images"),
 }
-KNOWN_PRIVATE: set[tuple[str, str]] = {
-}
 
 
 def test_every_module_has_a_layer():
@@ -35,9 +33,7 @@ def test_no_import_runs_up_the_layers():
 
 
 def test_private_names_stay_in_their_package():
-    found = {(a, b) for a, b, _ in layers.private_imports()}
-    assert found - KNOWN_PRIVATE == set(), "private names imported from outside their package"
-    assert KNOWN_PRIVATE - found == set(), "fixed: remove these from KNOWN_PRIVATE"
+    assert layers.private_imports() == [], "private names imported from outside their package"
 
 
 def test_the_overview_shows_the_declared_layers():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "gae": "compactrl.algos.gae",
     "gae_loop": "compactrl.algos.gae",
     "trace_gae": "compactrl.algos.gae",
     "length_adaptive_lambda": "compactrl.algos.gae",

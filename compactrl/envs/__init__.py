@@ -1,4 +1,5 @@
-"""Environments: tasks, generators, sandboxes and the tool-using text envs.
+"""Environments: the tool-using text envs over a sandbox (the task record is :mod:`compactrl.task`, the tool
+language :mod:`compactrl.tools`, the sandboxes :mod:`compactrl.sandbox`).
 
 Names resolve lazily, so ``import compactrl.envs`` stays cheap.
 """
@@ -10,17 +11,11 @@ import importlib
 _EXPORTS = {
     "ToolEnv": "compactrl.envs.code_env",
     "CodeRepoEnv": "compactrl.envs.code_env",
+    "TerminalEnv": "compactrl.envs.terminal_env",
     "TaskSampler": "compactrl.envs.code_env",
     "TaskList": "compactrl.envs.code_env",
     "ChatMessages": "compactrl.envs.spaces",
     "UnicodeText": "compactrl.envs.spaces",
-    "ToolCall": "compactrl.tools",
-    "FormatError": "compactrl.tools",
-    "parse_action": "compactrl.tools",
-    "format_call": "compactrl.tools",
-    "Task": "compactrl.task",
-    "Check": "compactrl.task",
-    "make_sandbox": "compactrl.sandbox",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,7 +12,6 @@ import importlib
 _EXPORTS = {
     "OraclePolicy": "compactrl.policies.scripted.code",
     "RandomPolicy": "compactrl.policies.scripted.code",
-    "tiny_moe": "compactrl.policies.tiny_moe",
     "TransformersPolicy": "compactrl.policies.transformers_policy",
     "ValueModel": "compactrl.policies.critic",
     "OpenAICompletionsPolicy": "compactrl.policies.openai_client",
