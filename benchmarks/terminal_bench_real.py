@@ -70,7 +70,8 @@ def _episode(task, policy, backend: str, kwargs: dict) -> dict:
 
 def run_docker(task, client, network: str = "none") -> dict:
     from compactrl.sandbox.base import SandboxError
-    from compactrl.sandbox.docker import DockerSandboxConfig, build_task_image, task_build
+    from compactrl.sandbox.docker import DockerSandboxConfig
+    from compactrl.tasksets.terminal_bench.image_build import build_task_image, task_build
 
     # bases the engine lacks: their family substitutes (base_families=True)
     kwargs: dict = {} if network == "none" else {"network": network}

@@ -10,6 +10,8 @@ task came from, which no backend, env or grader reads.
 
 Preparing a task's state is one call, :func:`prepared`, made before the episode (by the env at
 ``reset``, the collectors, eval and validate): the task set named by :attr:`Build.builder` does it.
+A task's own image (:attr:`Runtime.image_build`) is built by the same task set when the docker backend
+starts, through :func:`built_image`: the build needs the backend's engine and options.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ _LIMIT_NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
 
 @dataclass(frozen=True)
 class ImageBuild:
-    """A task's own image, built from a Dockerfile: written by the Terminal-Bench loader, read by the
-    docker backend (which builds it unless the task names ``docker_image``) and by eval's notes."""
+    """A task's own image, built from a Dockerfile: written by the Terminal-Bench loader, read by the task
+    set's image builder (:func:`built_image`, which the docker backend calls unless the task names
+    ``docker_image``) and by eval's notes."""
 
     context: str
     """Absolute path of the build context."""
@@ -133,7 +136,7 @@ class Runtime:
     limits: Limits = field(default_factory=Limits)
     """The task's own resource limits."""
     image_build: ImageBuild | None = None
-    """The task's own image, for the docker backend."""
+    """The task's own image, for the docker backend (which has it built through :func:`built_image`)."""
     state: str | None = None
     """The prepared state the local sandbox starts from (``work/``, ``layer/``, ``site/``, ``roots.tar``),
     set by :func:`prepared`; None until then, or when there is nothing to prepare."""
@@ -284,6 +287,31 @@ def prepared(task: Task, backend: str) -> Task:
     return builder.prepare(task, backend)
 
 
+class ImageBuilder(Protocol):
+    """Builds a task's own image (:attr:`Runtime.image_build`) on a container engine; a task set's
+    ``BUILDER`` that can is one as well."""
+
+    def image(self, task: Task, engine: Any) -> str:
+        """The name of ``task``'s image on ``engine`` (what the backend that asks hands over: for the docker
+        backend a :class:`~compactrl.sandbox.docker.DockerEngine`), built now or reused; the backend's own
+        error type when it cannot be built."""
+        ...
+
+
+def built_image(task: Task, engine: Any) -> str:
+    """The one call a backend makes for a task's own image: its name on ``engine``, from the ``BUILDER`` of
+    the module :attr:`Build.builder` names (:data:`OLD_BUILDER` for a task without a :attr:`Task.build`,
+    as old records have it). ValueError when the task has no :attr:`Runtime.image_build`, or its builder
+    builds no image."""
+    if task.runtime.image_build is None:
+        raise ValueError(f"task {task.id}: runtime.image_build: the task has no Dockerfile to build")
+    module = task.build.builder if task.build is not None else OLD_BUILDER
+    builder = getattr(importlib.import_module(module), "BUILDER", None)
+    if not callable(getattr(builder, "image", None)):
+        raise ValueError(f"task {task.id}: build.builder: {module} builds no image (its BUILDER has no image())")
+    return builder.image(task, engine)
+
+
 # ------------------------------------------------------------------------------------- the task
 @dataclass(frozen=True)
 class Task:
@@ -431,5 +459,5 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
         raise ValueError(f"{where}: expected a list of strings, got {value!r}")
     return tuple(value)
 
-__all__ = ["Build", "Builder", "Check", "Grading", "ImageBuild", "Limits", "Reference", "Runtime", "Step", "Task",
-           "TaskKind", "TaskSource", "prepared"]
+__all__ = ["Build", "Builder", "Check", "Grading", "ImageBuild", "ImageBuilder", "Limits", "Reference", "Runtime", "Step",
+           "Task", "TaskKind", "TaskSource", "built_image", "prepared"]

@@ -4,7 +4,8 @@ Works against Docker Engine and against Podman's Docker-compatible socket (``pod
 service``); the engine is chosen by ``base_url`` or, by default, ``DOCKER_HOST``. The container:
 
 * runs the task's image (``task.docker_image``), the task's own image built from its Dockerfile
-  (``Task.runtime.image_build``, see :func:`build_task_image`) or ``config.image``, kept alive by a
+  (``Task.runtime.image_build``: built by the task set that loaded the task, reached through
+  :func:`compactrl.task.built_image` with a :class:`DockerEngine`) or ``config.image``, kept alive by a
   small reaping ``/bin/sh`` loop as PID 1;
 * has no network (``network_mode="none"``; ``network`` names another mode), memory / CPU /
   process-count limits, no capabilities and ``no-new-privileges``; when the work dir is filled from the task, the root file system is
@@ -17,19 +18,17 @@ Files move in and out with ``put_archive`` / ``get_archive``; commands run with 
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import io
 import logging
 import os
 import posixpath
-import re
 import socket
 import tarfile
 import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 from compactrl.sandbox import _shell
 from compactrl.sandbox._common import (
@@ -45,16 +44,23 @@ from compactrl.sandbox._common import (
     work_rel,
 )
 from compactrl.sandbox.base import ExecResult, SandboxError, TestReport
-from compactrl.sandbox.shell_syntax import HEREDOC
-from compactrl.task import Check, Task
-from compactrl.tasksets.terminal_bench import base_images
-from compactrl.tasksets.terminal_bench.base_images import GRADER_DIR, dockerfile_bases
+from compactrl.task import Check, Task, built_image
 
 log = logging.getLogger(__name__)
 
 LABEL = "compactrl.sandbox"
 """Label on every container this backend creates; ``compactrl.owner`` holds ``host:pid``."""
 DEFAULT_IMAGE = "compactrl-sandbox:latest"
+GRADER_DIR = "/opt/compactrl/grader"
+"""pytest (the version the harness installs for its test runs) and its dependencies, unpacked in a task's
+image for its python3 but outside its site-packages: the agent's python does not see them; the tests of a
+task graded with pytest (``Task.grading.mode``) get the folder on ``PYTHONPATH``, as the harness's own
+test run has pytest (installed at test time, which needs a network the sandbox does not have)."""
+GRADER_DEPS_DIR = "/opt/compactrl/grader-deps"
+"""What a task's test scripts install at test time, installed when its image is built; on the tests'
+``PYTHONPATH`` with :data:`GRADER_DIR`."""
+GRADER_PYTHON_DIR = "/opt/compactrl/python"
+"""A CPython for the tests of an image without ``python3``; its ``bin`` goes after the image's ``PATH``."""
 _GO_MODE_SYMLINK = 1 << 27  # os.ModeSymlink in the engines' stat header
 _ENV = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat",
         "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
@@ -131,7 +137,7 @@ class DockerSandboxConfig:
     "my-local-python:3.13"}`` or pairs: a build uses the substitute in their place."""
     base_families: bool = True
     """A base the engine lacks, not in ``base_images`` and not pulled, is replaced by its family's
-    substitute (:mod:`~compactrl.tasksets.terminal_bench.base_images`: ``python:3.12-slim`` -> Debian 12 with
+    substitute (Terminal-Bench's base images: ``python:3.12-slim`` -> Debian 12 with
     CPython 3.12 in /usr/local, ``ubuntu:24.04`` -> an Ubuntu 24.04 root, ...), built on first use
     and cached in the engine; a base with no substitute is named with the reason."""
     build_network: str | None = None
@@ -260,221 +266,16 @@ def reap_stale_containers(client, host: str | None = None) -> list[str]:
     return removed
 
 
-# ------------------------------------------------------------------------------ task images
-_BUILT_DOCKERFILE = ".compactrl.Dockerfile"
-_build_locks: dict[str, threading.Lock] = {}
+@dataclass(frozen=True)
+class DockerEngine:
+    """The engine a task's own image is built on, as :meth:`DockerSandbox.start` hands it to
+    :func:`compactrl.task.built_image`: the Docker SDK ``client``, the sandbox's ``config`` (its build
+    options: ``base_images``, ``pull``, ``base_families``, ``build_network``, ``build_timeout_s``) and the
+    engine's ``name`` and version, for messages."""
 
-
-def _resolve_bases(client, text: str, cfg: DockerSandboxConfig, where: str, engine: str | None) -> tuple[str, list[str]]:
-    """The Dockerfile with substitutes in place of mapped bases, and the image ids of its bases.
-
-    A base the engine lacks is pulled only with ``pull=True``; otherwise a SandboxError names it.
-    """
-    import docker
-
-    lines, ids, mapping = text.splitlines(), [], dict(cfg.base_images)
-    for i, base in dockerfile_bases(text):
-        if "$" in base:  # set by a build ARG: only the build can tell
-            continue
-        wanted = mapping.get(base, base)
-        try:
-            image = client.images.get(wanted)
-        except docker.errors.ImageNotFound:
-            if not cfg.pull:
-                family_note, image = "", None
-                if cfg.base_families and wanted == base:
-                    try:
-                        wanted, recipe = base_images.substitute_for(client, base)
-                        image = client.images.get(wanted)
-                        log.info("%s: base %s -> family substitute %s%s", where, base, wanted,
-                                 "".join(f"; {n}" for n in recipe.notes))
-                    except base_images.NoSubstitute as e:
-                        family_note = f" (no family substitute: {e})"
-                    except (RuntimeError, OSError, docker.errors.DockerException) as e:
-                        raise SandboxError(f"{where}: building the substitute for base image {base!r} failed: {e}") from e
-                if image is None:
-                    via = f" (substitute for {base!r})" if wanted != base else ""
-                    on = f"the engine ({engine})" if engine else "the engine"
-                    raise SandboxError(
-                        f"{where}: base image {wanted!r}{via} is not on {on}{family_note}; pull it "
-                        f"(docker pull {wanted}), or map it to a local image with base_images={{{base!r}: 'IMAGE'}} "
-                        "(--sandbox-kwargs), or pass pull=True") from None
-            else:
-                log.info("pulling base image %s", wanted)
-                image = client.images.pull(wanted)
-        except docker.errors.APIError as e:
-            raise SandboxError(f"{where}: engine error while looking up base image {wanted!r}: {e}") from e
-        ids.append(image.id)
-        if wanted != base:  # the engine's own name for it (Podman: localhost/...), so no registry is asked
-            name = next((t for t in image.tags if t == wanted or t.endswith("/" + wanted)), image.id)
-            lines[i] = lines[i].replace(base, name, 1)
-    return "\n".join(lines) + "\n", ids
-
-
-def _context_files(context: str) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(context):
-        dirnames.sort()
-        out += [os.path.join(dirpath, n) for n in sorted(filenames)]
-    return out
-
-
-_HEREDOC_DIR = ".compactrl-heredoc"
-
-
-def expand_heredocs(text: str) -> tuple[str, dict[str, bytes]]:
-    """BuildKit's heredocs (``COPY <<EOT /dest``, ``RUN <<EOF``, ``RUN python3 <<EOF``) as files of the
-    build context, for engines whose builder lacks them (Podman 4's buildah): the Dockerfile rewritten
-    to copy those files, and the files (context-relative path -> body)."""
-    lines, out, files, i = text.split("\n"), [], {}, 0
-    while i < len(lines):
-        m = re.match(r"^(\s*)(COPY|ADD|RUN)(\s+)(.*)$", lines[i], re.I)
-        docs = [d for d in HEREDOC.finditer(m[4]) if not (m[4][:d.start()].count("'") % 2
-                                                            or m[4][:d.start()].count('"') % 2)] if m else []
-        if not docs:
-            out.append(lines[i])
-            i += 1
-            continue
-        rest, j, names = m[4], i + 1, []
-        for d in docs:
-            body = []
-            while j < len(lines) and (lines[j].lstrip("\t") if d[1] else lines[j]) != d[3]:
-                body.append(lines[j].lstrip("\t") if d[1] else lines[j])
-                j += 1
-            j += 1
-            name = f"{_HEREDOC_DIR}/{len(files)}"
-            files[name] = ("\n".join(body) + "\n").encode()
-            names.append((d, name))
-        if m[2].upper() == "RUN":
-            for _d, name in names:
-                out.append(f"{m[1]}COPY {name} /tmp/{name.replace('/', '-')}")
-            command = rest
-            for d, name in names:
-                where = f"/tmp/{name.replace('/', '-')}"
-                bare = command.strip() == d.group(0)
-                command = (f"sh {where}" if not files[name].startswith(b"#!") else f"chmod +x {where} && {where}") \
-                    if bare else command.replace(d.group(0), f"< {where}", 1)
-            out.append(f"{m[1]}RUN {command}")
-        else:
-            for d, name in names:
-                rest = rest.replace(d.group(0), name, 1)
-            out.append(f"{m[1]}{m[2]}{m[3]}{rest}")
-        i = j
-    return "\n".join(out), files
-
-
-def _context_tar(context: str, dockerfile: str, extra: dict[str, bytes] | None = None) -> tuple[bytes, str]:
-    """The build context as a tar (modes kept) with ``dockerfile`` and ``extra`` files (context-relative
-    path -> bytes) added, and its content digest."""
-    digest, buf = hashlib.sha256(dockerfile.encode()), io.BytesIO()
-    for name, data in sorted((extra or {}).items()):
-        digest.update(f"\0{name}\0".encode() + data)
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in sorted((extra or {}).items()):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-        for path in _context_files(context):
-            rel = os.path.relpath(path, context).replace(os.sep, "/")
-            info = tar.gettarinfo(path, arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0  # the digest and the engine's layer cache depend on content only
-            digest.update(f"\0{rel}\0{info.mode:o}\0{info.linkname}\0".encode())
-            if info.isreg():
-                with open(path, "rb") as fh:
-                    data = fh.read()
-                digest.update(data)
-                tar.addfile(info, io.BytesIO(data))
-            else:
-                tar.addfile(info)
-        info = tarfile.TarInfo(_BUILT_DOCKERFILE)
-        data = dockerfile.encode()
-        info.size, info.mode = len(data), 0o644
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), digest.hexdigest()
-
-
-def task_image_tag(task_id: str, digest: str) -> str:
-    slug = re.sub(r"[^a-z0-9._-]+", "-", str(task_id).lower()).strip("-._")[:60] or "task"
-    return f"compactrl-task/{slug}:{digest[:24]}"
-
-
-def task_build(task: Task) -> dict:
-    """What :func:`build_task_image` builds for ``task``: its ``Task.runtime.image_build`` and, for a task
-    graded with pytest (its tests run offline), the packages its test scripts install at test time."""
-    image = task.runtime.image_build
-    if image is None:
-        raise ValueError(f"task {task.id}: runtime.image_build: the task has no Dockerfile to build")
-    build: dict = {"context": image.context, "dockerfile": image.dockerfile}
-    if task.grading.mode == "pytest":
-        reqs = base_images.test_requirements([c for p, c in task.check.hidden_files.items() if p.endswith(".sh")])
-        if reqs:
-            build["grader_requirements"] = reqs
-    return build
-
-
-def build_task_image(client, task_id: str, build: dict, cfg: DockerSandboxConfig, engine: str | None = None) -> str:
-    """Tag of the task's image, built from ``build = {"context": DIR, "dockerfile": PATH}`` unless an
-    image with the same content digest (context files and modes, Dockerfile, base image ids) exists."""
-    context, path = str(build.get("context") or ""), str(build.get("dockerfile") or "")
-    if not os.path.isdir(context) or not os.path.isfile(path):
-        raise SandboxError(f"task {task_id}: image_build needs an existing context folder and Dockerfile, got {build!r}")
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        text, ids = _resolve_bases(client, fh.read(), cfg, path, engine)
-    if build.get("grader_requirements"):  # what the task's test scripts install at test time
-        lines = text.splitlines()
-        last_stage = max((i for i, line in enumerate(lines) if line.strip().upper().startswith("FROM ")), default=0)
-        users = [line.split(None, 1)[1].strip() for line in lines[last_stage:] if line.strip().upper().startswith("USER ")]
-        text += "\n".join(base_images.grader_layer(list(build["grader_requirements"]), users[-1] if users else None)) + "\n"
-    text, heredocs = expand_heredocs(text)
-    data, digest = _context_tar(context, text, heredocs)
-    tag = task_image_tag(task_id, hashlib.sha256(("\0".join([digest, *ids])).encode()).hexdigest())
-    with _reap_lock:
-        lock = _build_locks.setdefault(tag, threading.Lock())
-    with lock:  # two episodes of one task build it once
-        try:
-            client.images.get(tag)
-            return tag
-        except Exception:  # not built yet (ImageNotFound) or unreadable: build
-            pass
-        started = time.monotonic()
-        _run_build(client, data, tag, cfg, path)
-        log.info("built %s for task %s in %.1f s", tag, task_id, time.monotonic() - started)
-    return tag
-
-
-_BUILD_CAUSE = re.compile(r"Could not resolve host|unable to access|Unable to locate package|No matching distribution|"
-                          r"Temporary failure in name resolution|Failed to fetch|^E: |^ERROR|error:|No such file or directory")
-
-
-def _run_build(client, data: bytes, tag: str, cfg: DockerSandboxConfig, where: str) -> None:
-    import docker
-    import requests
-
-    tail: collections.deque[str] = collections.deque(maxlen=25)
-    error = None
-    try:
-        stream = client.api.build(fileobj=io.BytesIO(data), custom_context=True, dockerfile=_BUILT_DOCKERFILE,
-                                  tag=tag, rm=True, forcerm=True, pull=False, decode=True,
-                                  network_mode=cfg.build_network, timeout=int(cfg.build_timeout_s))
-        for chunk in stream:
-            if chunk.get("stream"):
-                tail.extend(line for line in chunk["stream"].splitlines() if line.strip())
-            if chunk.get("error"):
-                error = chunk["error"].strip()
-    except (docker.errors.DockerException, requests.RequestException) as e:
-        error = f"{type(e).__name__}: {e}"
-    if error is None:
-        try:
-            client.images.get(tag)
-        except docker.errors.DockerException:
-            error = "the engine reported no error but holds no image"
-    if error is not None:
-        # the line of the step's output that says why (a host not reachable, a package not found...)
-        cause = next((line.strip() for line in tail if _BUILD_CAUSE.search(line)), None)
-        raise SandboxError(f"{where}: building the task's image failed: {error}" + (f" ({cause[:200]})" if cause else "")
-                           + "\n" + "\n".join(tail))
+    client: Any
+    config: DockerSandboxConfig
+    name: str | None = None
 
 
 class DockerSandbox:
@@ -536,7 +337,7 @@ class DockerSandbox:
         self.image = task.docker_image or cfg.image
         try:
             if build:
-                self.image = build_task_image(self._client, task.id, task_build(task), cfg, self.engine)
+                self.image = built_image(task, DockerEngine(self._client, cfg, self.engine))
                 if not task.runtime.workdir:  # e.g. inherited from a base the loader cannot read
                     self._workdir = self._image_workdir() or self._workdir
             else:
@@ -835,10 +636,10 @@ class DockerSandbox:
             command = check.command
             if self.task.grading.mode == "pytest":
                 # a family substitute carries pytest for its python3 outside site-packages (base_images)
-                grader = f"{base_images.GRADER_DEPS_DIR}:{GRADER_DIR}"
+                grader = f"{GRADER_DEPS_DIR}:{GRADER_DIR}"
                 command = (f"[ -d {GRADER_DIR} ] && export PYTHONPATH={grader}${{PYTHONPATH:+:$PYTHONPATH}};"
                            # an image without python3: the substitute's own, after the image's PATH
-                           f" command -v python3 >/dev/null || export PATH=$PATH:{base_images.GRADER_PYTHON_DIR}/bin;"
+                           f" command -v python3 >/dev/null || export PATH=$PATH:{GRADER_PYTHON_DIR}/bin;"
                            f" {command}")
             res = self._run(command, check.timeout_s, self.config.test_output_limit_bytes)
         finally:

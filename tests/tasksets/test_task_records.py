@@ -19,6 +19,7 @@ from compactrl.task import (
     Runtime,
     Step,
     Task,
+    built_image,
     prepared,
 )
 from compactrl.tasksets.generators import CodeTaskGenerator
@@ -107,7 +108,26 @@ def test_prepared_leaves_tasks_without_a_build_alone_and_asks_the_builder_otherw
     task = load_task_dir(os.path.join(FIXTURES, "terminal_bench_local", "generated-input"),
                          TerminalBenchConfig(backend="local"))
     assert task.build is not None and task.build.plan is not None and task.runtime.state is None
-    assert prepared(task, "docker") is task  # the docker backend builds its image itself
+    assert prepared(task, "docker") is task  # the docker backend has its image built when it starts
     bad = Task(id="b", kind="code", instruction="", files={}, build=Build(builder="compactrl.task"))
     with pytest.raises(ValueError, match="build.builder"):
         prepared(bad, "local")
+
+
+def test_built_image_asks_the_builder_the_task_names(monkeypatch) -> None:
+    import compactrl.tasksets.terminal_bench.build as tb_build
+
+    plain = Task(id="p", kind="code", instruction="", files={})
+    with pytest.raises(ValueError, match="runtime.image_build"):
+        built_image(plain, object())
+    image = Runtime(image_build=ImageBuild(context="/ctx", dockerfile="/ctx/Dockerfile"))
+    asked = []
+    monkeypatch.setattr(tb_build, "engine_image", lambda task, engine: asked.append((task.id, engine)) or "tag")
+    engine = object()
+    for build in (Build(builder=tb_build.MODULE), None):  # an old record without a build: Terminal-Bench's
+        task = Task(id="t", kind="terminal", instruction="", files={}, runtime=image, build=build)
+        assert built_image(task, engine) == "tag"
+    assert asked == [("t", engine), ("t", engine)]
+    other = Task(id="o", kind="terminal", instruction="", files={}, runtime=image, build=Build(builder="compactrl.task"))
+    with pytest.raises(ValueError, match="build.builder"):
+        built_image(other, engine)

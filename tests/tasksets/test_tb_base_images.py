@@ -14,9 +14,10 @@ from loader_helpers import FIXTURES, docker_unavailable
 from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 from compactrl.sandbox import make_sandbox
-from compactrl.sandbox.docker import DockerSandboxConfig, build_task_image
+from compactrl.sandbox.docker import GRADER_DEPS_DIR, DockerSandboxConfig
 from compactrl.tasksets.terminal_bench import base_images as bi
 from compactrl.tasksets.terminal_bench.folders import load_task_dir
+from compactrl.tasksets.terminal_bench.image_build import build_task_image
 
 pytestmark = pytest.mark.timeout(900)
 LEDGER_TASK = os.path.join(FIXTURES, "terminal_bench_images", "generated-ledger")
@@ -112,12 +113,12 @@ def test_test_time_installs_become_grader_requirements() -> None:
         "numpy==2.1.3", "scipy"]
     lines = bi.grader_layer(["numpy==2.3.1"], "app")
     assert lines[0] == "USER root" and lines[-1] == "USER app"
-    assert f"--target {bi.GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_PIP_DIR}/pip ]" in lines[1]
+    assert f"--target {GRADER_DEPS_DIR} numpy==2.3.1" in lines[1] and f"[ -d {bi.GRADER_PIP_DIR}/pip ]" in lines[1]
     assert bi.grader_layer([], None) == []
 
 
 def test_heredocs_become_context_files_for_builders_without_them() -> None:
-    from compactrl.sandbox.docker import _context_tar, expand_heredocs
+    from compactrl.tasksets.terminal_bench.image_build import _context_tar, expand_heredocs
 
     text = ("FROM python:3.12-slim\nCOPY <<EOT /app/logs/a.log\nline 1\nline 2\nEOT\nRUN <<EOF\nset -e\nmkdir -p /data\nEOF\n"
             "RUN python3 <<-'PY' > /data/x\n\tprint(6 * 7)\n\tPY\nRUN echo '<<not a heredoc' > /y\n")

@@ -17,17 +17,12 @@ from compactrl.eval import run_task
 from compactrl.policies.scripted.gold import GoldPolicy, NoopPolicy
 from compactrl.sandbox import make_sandbox
 from compactrl.sandbox.base import SandboxError
-from compactrl.sandbox.docker import (
-    DEFAULT_IMAGE,
-    DockerSandboxConfig,
-    _context_tar,
-    build_task_image,
-    dockerfile_bases,
-    task_image_tag,
-)
+from compactrl.sandbox.docker import DEFAULT_IMAGE, DockerSandboxConfig
 from compactrl.sandbox.local import LocalSandboxConfig
 from compactrl.task import ImageBuild, prepared
+from compactrl.tasksets.terminal_bench.base_images import dockerfile_bases
 from compactrl.tasksets.terminal_bench.folders import WRITABLE_PATHS, load_task_dir
+from compactrl.tasksets.terminal_bench.image_build import _context_tar, build_task_image, task_image_tag
 
 pytestmark = pytest.mark.timeout(300)
 IMAGE_TASK = os.path.join(FIXTURES, "terminal_bench_images", "solution-files")

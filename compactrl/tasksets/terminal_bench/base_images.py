@@ -4,7 +4,7 @@ Terminal-Bench task images start ``FROM`` public bases (``ghcr.io/laude-institut
 ``python:3.12-slim``, ``ubuntu:24.04``, ``golang:1.22-bookworm``...). Where no container registry can
 be reached, the docker backend builds each base's **family substitute** instead and builds the
 task's own Dockerfile on top of it (:func:`substitute_for`, used by
-:func:`compactrl.sandbox.docker.build_task_image`). A substitute is made of:
+:func:`compactrl.tasksets.terminal_bench.image_build.build_task_image`). A substitute is made of:
 
 * an **OS root**: Debian or Ubuntu, bootstrapped with ``debootstrap --variant=minbase`` from the
   distribution's mirror (the only network it needs) and imported into the engine
@@ -47,24 +47,20 @@ import threading
 import time
 import urllib.request
 
+from compactrl.sandbox.docker import GRADER_DEPS_DIR, GRADER_DIR, GRADER_PYTHON_DIR
+
 log = logging.getLogger(__name__)
 
 ROOT_REPO = "compactrl-root"
 ROOT_LAYOUT = "2"
 """Version of what :func:`build_root` puts in a root (a cached root of another version is rebuilt)."""
 SUBSTITUTE_REPO = "compactrl-base"
-GRADER_DIR = "/opt/compactrl/grader"
 GRADER_PIP_DIR = "/opt/compactrl/grader-pip"
 """The grader's pip, apart from :data:`GRADER_DIR` (which is on the tests' ``PYTHONPATH``): a test that
 imports pip must see the image's (broken-python's image has none)."""
-GRADER_PYTHON_DIR = "/opt/compactrl/python"
 _GRADER_PY = f'"$(command -v python3 || echo {GRADER_PYTHON_DIR}/bin/python3)"'
 GRADER_PYTHON_VERSIONS = ("3.12", "3.13", "3.11")
 """A CPython for the tests of an image without one, the first of these this machine has."""
-"""pytest (the version the harness installs for its test runs) and its dependencies, unpacked for
-the image's python3 but outside its site-packages: the agent's python does not see them; the docker
-backend puts the folder on ``PYTHONPATH`` for a task graded with pytest on its tests, as the harness's
-own test run has pytest (installed at test time, which needs a network the sandbox does not have)."""
 CACHE_DIR = os.environ.get("COMPACTRL_CACHE", "/var/cache/compactrl")
 HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # Ubuntu Archive Automatic Signing Key (2018) <ftpmaster@ubuntu.com>: the key that signs the
@@ -640,7 +636,6 @@ def recipe_for(image: str) -> Recipe:
 _locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
-GRADER_DEPS_DIR = "/opt/compactrl/grader-deps"
 _INSTALL = re.compile(r"(?:^|[;&|(]|\bthen|\bdo)\s*(?:uv\s+add|uv\s+pip\s+install|python3?\s+-m\s+pip\s+install|pip3?\s+install)"
                       r"\s+([^;&|\n#]*)", re.M)
 _REQUIREMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?((==|>=|<=|~=|!=|>|<)[A-Za-z0-9.*+!,<>=~-]+)?")
