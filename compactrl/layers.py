@@ -4,7 +4,7 @@ it), and the import-graph report behind docs/overview.md (``python -m compactrl.
 Layers run bottom to top; a module may import its own layer and the layers below it, never one above.
 The folder names are the layers::
 
-    core         compactrl/{types,task,tools,tokenizer,provenance,cli_options,layers}.py
+    core         compactrl/{types,task,tools,tokenizer,provenance,cli_options,layers,lazy}.py
     shell_sim    compactrl/shell_sim/     a bash interpreter; a leaf: imports nothing of compactrl
     sandbox      compactrl/sandbox/       sim, local, docker: start what a Task's runtime asks for
     tasksets     compactrl/tasksets/      generators, SWE-bench, Terminal-Bench: load, prepare, validate
@@ -22,7 +22,8 @@ The folder names are the layers::
 The graph is built statically with :mod:`ast`, nothing imported. An edge ``a -> b`` is an import
 statement in ``a`` naming module ``b`` (``import b``, ``from b import x``, ``b.x`` when ``x`` is a
 submodule, relative imports), wherever the statement sits: a function-level import is a dependency
-too, and so is a module named in a package's lazy ``_EXPORTS`` table. Imports under ``if TYPE_CHECKING:`` do not count; they never run. The implicit imports of parent
+too, and so is a module named in a package's lazy ``_EXPORTS`` table (:mod:`compactrl.lazy`). Imports
+under ``if TYPE_CHECKING:`` do not count; they never run. The implicit imports of parent
 packages are left out.
 """
 
@@ -40,7 +41,7 @@ PACKAGE = Path(__file__).resolve().parent
 #: bottom to top: (layer, the modules it holds, by dotted prefix; "compactrl" alone is the root package)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("compactrl.types", "compactrl.task", "compactrl.tools", "compactrl.tokenizer",
-              "compactrl.provenance", "compactrl.cli_options", "compactrl.layers")),
+              "compactrl.provenance", "compactrl.cli_options", "compactrl.layers", "compactrl.lazy")),
     ("shell_sim", ("compactrl.shell_sim",)),
     ("sandbox", ("compactrl.sandbox",)),
     ("tasksets", ("compactrl.tasksets",)),

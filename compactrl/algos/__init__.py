@@ -8,7 +8,7 @@ Names resolve lazily (one line per name below), so that importing a light module
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "gae_loop": "compactrl.algos.gae",
@@ -31,10 +31,4 @@ _EXPORTS = {
     "PaddingReport": "compactrl.algos.packing",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.algos' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

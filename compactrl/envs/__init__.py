@@ -6,7 +6,7 @@ Names resolve lazily, so ``import compactrl.envs`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "ToolEnv": "compactrl.envs.code_env",
@@ -18,10 +18,4 @@ _EXPORTS = {
     "UnicodeText": "compactrl.envs.spaces",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.envs' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

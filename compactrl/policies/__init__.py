@@ -7,7 +7,7 @@ dependencies (vllm) are imported only when used.
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "OraclePolicy": "compactrl.policies.scripted.code",
@@ -17,10 +17,4 @@ _EXPORTS = {
     "OpenAICompletionsPolicy": "compactrl.policies.openai_client",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.policies' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

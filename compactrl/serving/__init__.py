@@ -8,7 +8,7 @@ Names resolve lazily, so that ``import compactrl.serving`` imports neither FastA
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "ServeConfig": "compactrl.serving.server",
@@ -18,10 +18,4 @@ _EXPORTS = {
     "VLLMPolicy": "compactrl.serving.vllm.policy",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.serving' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

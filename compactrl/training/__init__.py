@@ -8,7 +8,7 @@ Names resolve lazily, so that ``import compactrl.training`` does not import torc
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "compactrl.training.config",
@@ -23,10 +23,4 @@ _EXPORTS = {
     "Updater": "compactrl.training.update",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.training' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

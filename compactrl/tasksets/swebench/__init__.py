@@ -4,7 +4,7 @@ tests need the network (:mod:`.network`), and environments prepared for the loca
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "SWEBenchConfig": "compactrl.tasksets.swebench.rows",
@@ -14,10 +14,4 @@ _EXPORTS = {
     "PrepareError": "compactrl.tasksets.swebench.prepare",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.tasksets.swebench' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

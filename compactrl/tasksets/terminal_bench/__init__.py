@@ -5,7 +5,7 @@ substitutes for its base images on a container engine (:mod:`.base_images`)."""
 
 from __future__ import annotations
 
-import importlib
+from compactrl.lazy import lazy_exports
 
 _EXPORTS = {
     "TerminalBenchConfig": "compactrl.tasksets.terminal_bench.folders",
@@ -13,10 +13,4 @@ _EXPORTS = {
     "load_terminal_bench": "compactrl.tasksets.terminal_bench.folders",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'compactrl.tasksets.terminal_bench' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
