@@ -1085,15 +1085,75 @@ def host_go_version(candidate=None) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+@dataclass
+class _Replay:
+    """What :func:`plan` carries from one Dockerfile step to the next: the task's inputs, the plan so far,
+    the image's environment at this step, and the facts later steps and the end of the plan read."""
+
+    steps: list[dict]
+    files: dict[str, str]
+    context: str
+    workdir: str | None
+    git_mirror: str | None
+    out: Plan
+    env: dict[str, str] = field(default_factory=lambda: {"PATH": BASE_PATH, "HOME": "/root"})
+    apt_why: str | None = None  # the first apt install this machine lacks (reported only if nothing else stops)
+    # a top folder a step removes whole (`rm -rf /build`) -> that step's index
+    emptied: dict[str, int] = field(default_factory=dict)
+    shipped: list[str] | None = None  # a uv project the task ships (`uv sync` installs it)
+    uv_project: bool = False  # a project `uv add`/`uv sync` can work in (shipped, or made by `uv init`)
+
+    @property
+    def root(self) -> str:
+        """The work dir with a trailing slash (``/`` when the image sets none)."""
+        return (self.workdir or "").rstrip("/") + "/"
+
+
+@dataclass
+class _RunStep:
+    """One ``RUN`` step being replayed: its step, its replayed pieces so far, and what it asks of prepare."""
+
+    step: dict
+    pieces: list[str] = field(default_factory=list)
+    npm: list = field(default_factory=list)  # its npm installs, fetched at prepare time (:func:`_npm_prefetch`)
+    uv_offline: bool = False  # it runs a uv project step offline from the wheelhouse
+
+    def image_needed(self, detail: str) -> str:
+        """The reason the task needs its image because of this step, ``detail`` saying why."""
+        return f"needs its image: RUN {self.step['command'].strip()[:160]} ({detail})"
+
+
 def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | None,
          digest: str, solution_pip: list[str] | tuple[str, ...] = (), git_mirror: str | None = None,
          solution_wheels: list[str] | tuple[str, ...] = (),
          solution_served: dict[str, str] | None = None) -> tuple[Plan | None, str | None]:
     """``(plan, None)``, ``(None, None)`` when nothing needs replaying, or ``(None, "needs its image: ...")``.
     ``solution_wheels``: what the reference solution installs (the wheelhouse); ``solution_served``: the
-    installers it fetches that an episode is served offline (:func:`served_installers`)."""
-    env: dict[str, str] = {"PATH": BASE_PATH, "HOME": "/root"}
+    installers it fetches that an episode is served offline (:func:`served_installers`).
+
+    The plan is made in three phases: what the test script and reference solution need
+    (:func:`_plan_solution_installs`), each Dockerfile step in order (:func:`_plan_step`, the first step
+    that cannot be replayed ending it with its reason), and the plan's environment and folders
+    (:func:`_plan_finish`)."""
     out = Plan(key=digest)
+    _plan_solution_installs(out, solution_pip, solution_wheels, solution_served)
+    shipped = uv_project_requirements(files, context)
+    state = _Replay(steps=steps, files=files, context=context, workdir=workdir, git_mirror=git_mirror, out=out,
+                    shipped=shipped, uv_project=shipped is not None)
+    for index, step in enumerate(steps):
+        why = _plan_step(state, index, step)
+        if why:
+            return None, why
+    if state.apt_why:
+        return None, state.apt_why
+    return _plan_finish(state), None
+
+
+def _plan_solution_installs(out: Plan, solution_pip: list[str] | tuple[str, ...],
+                            solution_wheels: list[str] | tuple[str, ...],
+                            solution_served: dict[str, str] | None) -> None:
+    """Adds to ``out`` what the test script installs (the site folder), what the reference solution installs
+    (the wheelhouse) and the installers it fetches (served offline), each with its note in ``out.mapped``."""
     todo = [r for r in solution_pip if not _satisfied(r)]
     if todo:
         out.pip += todo
@@ -1111,166 +1171,235 @@ def plan(steps: list[dict], files: dict[str, str], context: str, workdir: str | 
                           + ", ".join(f"{u}: {r}" for u, r in solution_served.items())
                           + "): the tool from PyPI at prepare time; an episode's curl and wget serve the installer "
                           "offline, which installs it where the published one would")
-    root = (workdir or "").rstrip("/") + "/"
-    apt_why = None
-    emptied: dict[str, int] = {}  # a top folder a step removes whole (`rm -rf /build`) -> that step's index
-    shipped = uv_project_requirements(files, context)  # a uv project the task ships (`uv sync` installs it)
-    uv_project = shipped is not None  # a project `uv add`/`uv sync` can work in (shipped, or made by `uv init`)
-    for index, step in enumerate(steps):
-        op = step["op"]
-        if op == "other":
-            return None, f"needs its image: {step['text'][:160]}"
-        if op == "missing":
-            return None, (f"the task's files are incomplete: {step['text'][:160]} names nothing in the build context "
-                          "(its image cannot be built from these files either)")
-        if op == "env":
-            for name, value in step["vars"].items():
-                env[name] = _expand(value, env)
-        elif op == "user":  # the later steps' `~` is that user's home, as in the image
-            env["HOME"] = step["home"]
-        elif op == "copy":
-            outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
-            # a copy into the work dir that a later `RUN rm` removes is not among the task's files (the
-            # image's final state lacks it), but the steps between use it (`RUN python3 gen.py` then
-            # `RUN rm gen.py`): replayed in its place, and the replayed `rm` removes it
-            outside += [p for p in step["pairs"] if workdir and p[1].startswith(root) and p[1][len(root):] not in files]
-            if any(p[1].strip("/").split("/")[0] in _SYSTEM_TOPS for p in outside):
-                out.root_layer = True
-            if outside:
-                inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
-                out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
-        elif op == "run":
-            pieces, why, npm_steps, uv_offline = [], None, [], False
-            command, wheels, notes = map_installers(step["command"])
-            out.tools += [w for w in wheels if w not in out.tools]
-            out.mapped += notes
-            for text, sep in split_segments(command, heredocs=True):
-                release = release_download(text, env, step.get("workdir") or "/")
-                if release:  # the same release from a registry reachable here (tb_downloads), copied in
-                    url, dest = release
-                    if url not in out.downloads:
-                        out.downloads.append(url)
-                        out.mapped.append(f"{url}: the same release rebuilt at prepare time from a registry "
-                                          "reachable here (tb_downloads)")
-                    pieces.append(f" cp {DOWNLOADS_MARK}/{shlex.quote(os.path.basename(url))} {shlex.quote(dest)} "
-                                  + sep)
-                    continue
-                seg = classify(text, files, context)
-                if seg.words[:3] in (["go", "mod", "tidy"], ["go", "mod", "download"]) \
-                        and _go_std_only(_go_sources(steps, files, context)):
-                    out.mapped.append(f"{' '.join(seg.words[:3])}: the image's Go code imports the standard library "
-                                      "only, so it fetches nothing and runs here")
-                    pieces.append(text + sep)
-                    continue
-                sub = _uv_subcommand(seg.words)
-                uv_project = uv_project or sub == "init"
-                if uv_project and sub in _UV_PROJECT and uv_project_offline(seg.words):
-                    # a uv project of the image's (`uv init`, `uv add numpy==2.3.1`, `uv sync`): what it adds or
-                    # syncs comes from the package index at prepare time, like a pip install, into the wheelhouse;
-                    # the step then runs as written, offline from it, and the state has the image's .venv
-                    reqs = uv_add_requirements(seg.words) if sub == "add" else (shipped or []) if sub == "sync" else []
-                    out.wheelhouse += [r for r in reqs if r not in out.wheelhouse]
-                    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
-                    out.pip += [r for r in reqs if not _satisfied(r) and r not in out.pip]
-                    out.mapped.append(f"{' '.join(seg.words[:2])}: run as written, offline from the wheelhouse" + (
-                        f", its packages ({' '.join(reqs)}) fetched from the package index at prepare time" if reqs
-                        else ""))
-                    uv_offline = True
-                    pieces.append(text + sep)
-                    continue
-                if seg.action == "image":
-                    why = f"needs its image: RUN {step['command'].strip()[:160]} ({seg.detail})"
-                    break
-                if seg.action == "apt":
-                    missing = apt_missing(seg.detail)
-                    if missing:
-                        # named only when nothing else stops the task: installing them would not help then
-                        apt_why = apt_why or (f"needs its image: RUN {step['command'].strip()[:160]} (apt packages not "
-                                              f"installed on this machine: {' '.join(missing)}{INSTALL_HINT})")
-                        pieces.append(" true " + sep)
-                        continue
-                    absent = [p for p in seg.detail if p in SESSION_TOOLS and not host_has_package(p)]
-                    out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
-                        f" except {' '.join(absent)} (terminal session tools, used by no grader)" if absent else ""))
-                    text = " true "
-                elif seg.action == "pip":
-                    todo = [r for r in seg.detail if not _satisfied(r)]
-                    out.pip += [r for r in todo if r not in out.pip]
-                    out.mapped.append(f"pip install {' '.join(seg.detail)}: " + (
-                        f"{' '.join(todo)} into the task's site folder at prepare time" if todo
-                        else "satisfied by the sandbox's Python"))
-                    text = " true "
-                elif seg.action == "git":
-                    for url in seg.detail:
-                        repo = git_mirror_path(url, git_mirror)
-                        if repo is None:
-                            why = (f"needs its image: RUN {step['command'].strip()[:160]} (git clone {url}: not "
-                                   "reachable here; a bare mirror of it at <download cache>/git/<host>/<owner>/"
-                                   "<name>.git, given with `--download-cache DIR` or TerminalBenchConfig."
-                                   "download_cache, is cloned instead)")
-                            break
-                        problem = git_mirror_problem(repo)
-                        if problem:
-                            why = f"needs its image: RUN {step['command'].strip()[:160]} (git clone {url}: {problem})"
-                            break
-                        out.git[url] = {"mirror": repo, "head": _git_head(repo)}
-                        out.mapped.append(f"git clone {url}: from the mirror {repo} (HEAD {out.git[url]['head'][:12]})")
-                    if why:
-                        break
-                elif seg.action == "script":
-                    what = seg.detail
-                    out.served.update(what["served"])
-                    out.tools += [r for r in what["served"].values() if r not in out.tools]
-                    out.wheelhouse += [w for w in what["wheels"] if w not in out.wheelhouse]
-                    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
-                    out.pip += [r for r in what["wheels"] if not _satisfied(r) and r not in out.pip]
-                    out.mapped.append(f"{what['script']}: run as written, " + " and ".join(filter(None, [
-                        what["served"] and "the uv installer it fetches served offline (" + ", ".join(
-                            what["served"].values()) + " from PyPI)",
-                        what["wheels"] and f"the uv project it builds from the wheelhouse ({' '.join(what['wheels'])})"])))
-                elif seg.action == "npm":
-                    # the packages are fetched from the npm registry at prepare time into the image's npm cache
-                    # ($HOME/.npm); the step itself then runs offline in the sandbox, scripts and all
-                    npm_steps.append(seg.detail)
-                    out.mapped.append(f"{' '.join(seg.words[:2])}: its packages fetched from the npm registry at "
-                                      f"prepare time into the npm cache ({env.get('HOME', '/root')}/.npm), then run "
-                                      "offline")
-                elif seg.action == "noop":
-                    text = " true "
-                elif tops := _removed_tops(seg.words):
-                    # the folder is a mount point here (a writable root): emptied, and not among the episode's
-                    # folders unless a later step makes it again (see below)
-                    rest = [w for w in seg.words[1:] if w.rstrip("/") not in tops]
-                    text = " { " + "".join(f"{shlex.join(['rm', *rest])} && " if any(
-                        not w.startswith("-") for w in rest) else "") + " && ".join(
-                        f"find {shlex.quote(t)} -mindepth 1 -delete" for t in tops) + "; } "
-                    emptied.update(dict.fromkeys(tops, index))
-                elif needs_root(seg.words) or re.search(r">\s*/(etc|usr|bin|sbin|lib)\b", text):
-                    out.root_layer = True
-                pieces.append(text + sep)
-            if why:
-                return None, why
-            out.steps.append({"op": "run", "command": "".join(pieces), "workdir": step.get("workdir") or "/",
-                              "env": dict(env), **({"npm": npm_steps} if npm_steps else {}),
-                              **({"uv_offline": True} if uv_offline else {})})
-            if npm_steps:  # the episode's npm finds that cache where the image's does (its HOME is the work dir)
-                env["npm_config_cache"] = env.get("HOME", "/root").rstrip("/") + "/.npm"
-    if apt_why:
-        return None, apt_why
+
+
+def _plan_step(state: _Replay, index: int, step: dict) -> str | None:
+    """Replays one Dockerfile step (number ``index``) into ``state``; the reason the task needs its image
+    (or is incomplete) when the step cannot be replayed, else ``None``."""
+    op = step["op"]
+    if op == "other":
+        return f"needs its image: {step['text'][:160]}"
+    if op == "missing":
+        return (f"the task's files are incomplete: {step['text'][:160]} names nothing in the build context "
+                "(its image cannot be built from these files either)")
+    if op == "env":
+        for name, value in step["vars"].items():
+            state.env[name] = _expand(value, state.env)
+    elif op == "user":  # the later steps' `~` is that user's home, as in the image
+        state.env["HOME"] = step["home"]
+    elif op == "copy":
+        _plan_copy(state, step)
+    elif op == "run":
+        return _plan_run(state, index, step)
+    return None
+
+
+def _plan_copy(state: _Replay, step: dict) -> None:
+    """A ``COPY``'s destinations outside the work dir, or in it but not among the task's files, become a
+    ``copy_out`` step (a copy into a system folder makes the plan build a root layer)."""
+    workdir, root, out = state.workdir, state.root, state.out
+    outside = [p for p in step["pairs"] if not (workdir and p[1].startswith(root))]
+    # a copy into the work dir that a later `RUN rm` removes is not among the task's files (the
+    # image's final state lacks it), but the steps between use it (`RUN python3 gen.py` then
+    # `RUN rm gen.py`): replayed in its place, and the replayed `rm` removes it
+    outside += [p for p in step["pairs"] if workdir and p[1].startswith(root) and p[1][len(root):] not in state.files]
+    if any(p[1].strip("/").split("/")[0] in _SYSTEM_TOPS for p in outside):
+        out.root_layer = True
+    if outside:
+        inline = {d: c for d, c in (step.get("inline") or {}).items() if any(d == p[1] for p in outside)}
+        out.steps.append({"op": "copy_out", "pairs": outside, **({"inline": inline} if inline else {})})
+
+
+def _plan_run(state: _Replay, index: int, step: dict) -> str | None:
+    """A ``RUN`` step becomes a ``run`` step of its command segment by segment (:func:`_plan_segment`), the
+    installers it fetches mapped to served ones first; the first segment's reason the task needs its image,
+    else ``None``."""
+    out, run = state.out, _RunStep(step)
+    command, wheels, notes = map_installers(step["command"])
+    out.tools += [w for w in wheels if w not in out.tools]
+    out.mapped += notes
+    for text, sep in split_segments(command, heredocs=True):
+        why = _plan_segment(state, run, index, text, sep)
+        if why:
+            return why
+    out.steps.append({"op": "run", "command": "".join(run.pieces), "workdir": step.get("workdir") or "/",
+                      "env": dict(state.env), **({"npm": run.npm} if run.npm else {}),
+                      **({"uv_offline": True} if run.uv_offline else {})})
+    if run.npm:  # the episode's npm finds that cache where the image's does (its HOME is the work dir)
+        state.env["npm_config_cache"] = state.env.get("HOME", "/root").rstrip("/") + "/.npm"
+    return None
+
+
+def _plan_segment(state: _Replay, run: _RunStep, index: int, text: str, sep: str) -> str | None:
+    """Adds one command segment of a ``RUN`` step (``sep``: the separator after it) to ``run.pieces`` as it
+    is replayed: a release download copied from the downloads, an install done at prepare time replaced by
+    ``true``, a removed top folder emptied, anything else as written. The reason the task needs its image
+    when the segment cannot be replayed, else ``None``."""
+    out = state.out
+    release = release_download(text, state.env, run.step.get("workdir") or "/")
+    if release:  # the same release from a registry reachable here (tb_downloads), copied in
+        run.pieces.append(_plan_release(out, release) + sep)
+        return None
+    seg = classify(text, state.files, state.context)
+    if seg.words[:3] in (["go", "mod", "tidy"], ["go", "mod", "download"]) \
+            and _go_std_only(_go_sources(state.steps, state.files, state.context)):
+        out.mapped.append(f"{' '.join(seg.words[:3])}: the image's Go code imports the standard library "
+                          "only, so it fetches nothing and runs here")
+        run.pieces.append(text + sep)
+        return None
+    if _plan_uv_project(state, seg):
+        run.uv_offline = True
+        run.pieces.append(text + sep)
+        return None
+    if seg.action == "image":
+        return run.image_needed(seg.detail)
+    if seg.action == "apt":
+        _plan_apt(state, run, seg)
+        text = " true "
+    elif seg.action == "pip":
+        _plan_pip(out, seg)
+        text = " true "
+    elif seg.action == "git":
+        why = _plan_git(state, run, seg)
+        if why:
+            return why
+    elif seg.action == "script":
+        _plan_script(out, seg.detail)
+    elif seg.action == "npm":
+        # the packages are fetched from the npm registry at prepare time into the image's npm cache
+        # ($HOME/.npm); the step itself then runs offline in the sandbox, scripts and all
+        run.npm.append(seg.detail)
+        out.mapped.append(f"{' '.join(seg.words[:2])}: its packages fetched from the npm registry at "
+                          f"prepare time into the npm cache ({state.env.get('HOME', '/root')}/.npm), then run "
+                          "offline")
+    elif seg.action == "noop":
+        text = " true "
+    elif tops := _removed_tops(seg.words):
+        text = _plan_emptied(state, index, seg.words, tops)
+    elif needs_root(seg.words) or re.search(r">\s*/(etc|usr|bin|sbin|lib)\b", text):
+        out.root_layer = True
+    run.pieces.append(text + sep)
+    return None
+
+
+def _plan_release(out: Plan, release: tuple[str, str]) -> str:
+    """A release download (``(url, dest)``) rebuilt at prepare time: the url added to ``out.downloads`` (with
+    its note, once), and the command segment that copies it to ``dest`` from the downloads."""
+    url, dest = release
+    if url not in out.downloads:
+        out.downloads.append(url)
+        out.mapped.append(f"{url}: the same release rebuilt at prepare time from a registry "
+                          "reachable here (tb_downloads)")
+    return f" cp {DOWNLOADS_MARK}/{shlex.quote(os.path.basename(url))} {shlex.quote(dest)} "
+
+
+def _plan_uv_project(state: _Replay, seg: Segment) -> bool:
+    """Whether ``seg`` is a step of a uv project of the image's (``uv init``, ``uv add numpy==2.3.1``,
+    ``uv sync``) that runs as written, offline from the wheelhouse; if so what it adds or syncs is added to
+    the wheelhouse and the site folder. A ``uv init`` makes a project for the later segments."""
+    out = state.out
+    sub = _uv_subcommand(seg.words)
+    state.uv_project = state.uv_project or sub == "init"
+    if not (state.uv_project and sub in _UV_PROJECT and uv_project_offline(seg.words)):
+        return False
+    # a uv project of the image's (`uv init`, `uv add numpy==2.3.1`, `uv sync`): what it adds or
+    # syncs comes from the package index at prepare time, like a pip install, into the wheelhouse;
+    # the step then runs as written, offline from it, and the state has the image's .venv
+    reqs = uv_add_requirements(seg.words) if sub == "add" else (state.shipped or []) if sub == "sync" else []
+    out.wheelhouse += [r for r in reqs if r not in out.wheelhouse]
+    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
+    out.pip += [r for r in reqs if not _satisfied(r) and r not in out.pip]
+    out.mapped.append(f"{' '.join(seg.words[:2])}: run as written, offline from the wheelhouse" + (
+        f", its packages ({' '.join(reqs)}) fetched from the package index at prepare time" if reqs
+        else ""))
+    return True
+
+
+def _plan_apt(state: _Replay, run: _RunStep, seg: Segment) -> None:
+    """An ``apt-get install``: noted as installed on this machine, or, when some of its packages are not, the
+    first such reason kept in ``state.apt_why`` (named only when nothing else stops the task: installing
+    them would not help then). The segment itself is replaced by ``true`` either way."""
+    missing = apt_missing(seg.detail)
+    if missing:
+        state.apt_why = state.apt_why or run.image_needed(
+            f"apt packages not installed on this machine: {' '.join(missing)}{INSTALL_HINT}")
+        return
+    absent = [p for p in seg.detail if p in SESSION_TOOLS and not host_has_package(p)]
+    state.out.mapped.append(f"apt-get install {' '.join(seg.detail)}: installed on this machine" + (
+        f" except {' '.join(absent)} (terminal session tools, used by no grader)" if absent else ""))
+
+
+def _plan_pip(out: Plan, seg: Segment) -> None:
+    """A ``pip install``: what the sandbox's Python lacks goes into the task's site folder at prepare time."""
+    todo = [r for r in seg.detail if not _satisfied(r)]
+    out.pip += [r for r in todo if r not in out.pip]
+    out.mapped.append(f"pip install {' '.join(seg.detail)}: " + (
+        f"{' '.join(todo)} into the task's site folder at prepare time" if todo
+        else "satisfied by the sandbox's Python"))
+
+
+def _plan_git(state: _Replay, run: _RunStep, seg: Segment) -> str | None:
+    """A ``git clone``: each url cloned from its bare mirror under the download cache (``out.git``); the
+    reason the task needs its image for the first url without a usable mirror, else ``None``."""
+    out = state.out
+    for url in seg.detail:
+        repo = git_mirror_path(url, state.git_mirror)
+        if repo is None:
+            return run.image_needed(f"git clone {url}: not reachable here; a bare mirror of it at <download cache>/"
+                                    "git/<host>/<owner>/<name>.git, given with `--download-cache DIR` or "
+                                    "TerminalBenchConfig.download_cache, is cloned instead")
+        problem = git_mirror_problem(repo)
+        if problem:
+            return run.image_needed(f"git clone {url}: {problem}")
+        out.git[url] = {"mirror": repo, "head": _git_head(repo)}
+        out.mapped.append(f"git clone {url}: from the mirror {repo} (HEAD {out.git[url]['head'][:12]})")
+    return None
+
+
+def _plan_script(out: Plan, what: dict) -> None:
+    """A build script of the task's (:func:`_classify_build_script`) that runs as written: the uv installer it
+    fetches served offline, and the uv project it builds from the wheelhouse (and the site folder)."""
+    out.served.update(what["served"])
+    out.tools += [r for r in what["served"].values() if r not in out.tools]
+    out.wheelhouse += [w for w in what["wheels"] if w not in out.wheelhouse]
+    # the tests run in that project (`uv run pytest`): what it has, the tests see (the site folder)
+    out.pip += [r for r in what["wheels"] if not _satisfied(r) and r not in out.pip]
+    out.mapped.append(f"{what['script']}: run as written, " + " and ".join(filter(None, [
+        what["served"] and "the uv installer it fetches served offline (" + ", ".join(
+            what["served"].values()) + " from PyPI)",
+        what["wheels"] and f"the uv project it builds from the wheelhouse ({' '.join(what['wheels'])})"])))
+
+
+def _plan_emptied(state: _Replay, index: int, words: list[str], tops: list[str]) -> str:
+    """The command segment that replays an ``rm -r`` of whole top folders (``tops``, removed by step
+    ``index``): the folder is a mount point here (a writable root), so it is emptied instead, and not among
+    the episode's folders unless a later step makes it again (:func:`_plan_finish`); the rest of the
+    ``rm`` runs as written."""
+    rest = [w for w in words[1:] if w.rstrip("/") not in tops]
+    state.emptied.update(dict.fromkeys(tops, index))
+    return " { " + "".join(f"{shlex.join(['rm', *rest])} && " if any(
+        not w.startswith("-") for w in rest) else "") + " && ".join(
+        f"find {shlex.quote(t)} -mindepth 1 -delete" for t in tops) + "; } "
+
+
+def _plan_finish(state: _Replay) -> Plan | None:
+    """The plan's environment (the site folder first on ``PYTHONPATH`` when it installs any), its git mirror,
+    its task roots and the ones emptied for good; ``None`` when nothing needs replaying."""
+    out, env, steps, workdir = state.out, state.env, state.steps, state.workdir
     if out.pip:
         env["PYTHONPATH"] = ":".join(filter(None, ["__SITE__", env.get("PYTHONPATH", "")]))
         # the image's pytest loads the plugins installed with it (e.g. pytest-json-ctrf for --ctrf)
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = ""
     if out.git:
-        out.git_mirror = git_mirror
+        out.git_mirror = state.git_mirror
     out.env = {k: v for k, v in env.items() if k != "HOME"}
     out.roots = task_roots(steps, workdir)
-    gone = {t for t, i in emptied.items() if t not in task_roots(steps[i + 1:], None)
+    gone = {t for t, i in state.emptied.items() if t not in task_roots(steps[i + 1:], None)
             and not (workdir or "").startswith(t.rstrip("/") + "/") and workdir != t}
     out.gone = sorted(r for r in out.roots if r in gone)
     needed = (any(s["op"] in ("run", "copy_out") for s in out.steps) or out.pip or out.wheelhouse or out.served
               or len(out.env) > 1)
-    return (out if needed else None), None
+    return out if needed else None
 
 
 def _removed_tops(words: list[str]) -> list[str]:
