@@ -309,6 +309,43 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class LearnerConfig:
+    """The learner: one process, or FSDP2 ranks (docs/distributed.md#the-sharded-learner)."""
+
+    ranks: int = 1
+    """Learner ranks. 1: the policy and critic train in the trainer's process. N > 1: each is sharded
+    with FSDP2 (``fully_shard``) over N ranks (gloo on CPU, NCCL on CUDA), data-parallel over the batch,
+    the loss normalised by the whole batch's token count; the trainer's process keeps an unsharded
+    sampling copy that every weight sync refreshes."""
+    launcher: Literal["auto", "ray", "torchrun"] = "auto"
+    """How the ranks start. ``ray``: Ray actors in a placement group (a local Ray if the run has none).
+    ``torchrun``: the processes ``torchrun --nproc-per-node N`` started (rank 0 runs the loop, the others
+    follow it). ``auto``: torchrun when launched under it, else Ray."""
+    sync_bucket_mb: float = 64.0
+    """Weight sync: parameters are gathered from the shards and sent to the engines in buckets of at
+    most this size, so no rank holds more than one bucket of full tensors beyond its shard."""
+    mixed_precision: Literal["auto", "none", "bf16"] = "auto"
+    """FSDP2 mixed precision: ``bf16`` parameters and fp32 gradient reduction; ``auto`` is bf16 on CUDA
+    and none on CPU (where the gloo reduction and CPU kernels gain nothing from it)."""
+    logprob_chunk_tokens: int = 0
+    """Compute the LM head, log-probs and entropy over at most this many positions at a time (memory
+    O(chunk x vocab) instead of O(T x vocab)); 0: all at once."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
+    start_timeout_s: float = 120.0
+    """Seconds the ranks may take to start and form their process group."""
+
+    def __post_init__(self) -> None:
+        _check(self.ranks >= 1, "learner.ranks", ">= 1", self.ranks)
+        _check(self.launcher in ("auto", "ray", "torchrun"), "learner.launcher", "auto|ray|torchrun", self.launcher)
+        _check(self.sync_bucket_mb > 0, "learner.sync_bucket_mb", "> 0", self.sync_bucket_mb)
+        _check(self.mixed_precision in ("auto", "none", "bf16"), "learner.mixed_precision", "auto|none|bf16",
+               self.mixed_precision)
+        _check(self.logprob_chunk_tokens >= 0, "learner.logprob_chunk_tokens", ">= 0", self.logprob_chunk_tokens)
+        _check(self.start_timeout_s > 0, "learner.start_timeout_s", "> 0", self.start_timeout_s)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation with the same ContextBudget wrapper as training."""
 
@@ -414,6 +451,8 @@ class TrainConfig:
     """Write a checkpoint every this many iterations (1 = a kill loses no completed iteration)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Rollout workers on Ray (none by default)."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """The learner's ranks (one process by default), long-trace memory options."""
 
     def __post_init__(self) -> None:
         _check(self.threads >= 1, "threads", ">= 1", self.threads)
