@@ -64,8 +64,9 @@ class Rollouts(Protocol):
         """The next batch of whole episodes."""
         ...
 
-    def update_weights(self, policy: Any, version: int) -> None:
-        """Bring the source to the learner ``policy``'s weights, as version ``version``."""
+    def update_weights(self, policy: Any, version: int, reference: Callable | None = None) -> None:
+        """Bring the source to the learner ``policy``'s weights, as version ``version``. ``reference`` scores
+        the engines' probe batch with the learner's own weights (a sharded learner's ranks); None: ``policy``."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -107,7 +108,7 @@ class CollectorRollouts:
     def next(self) -> TensorDict:
         return trim_padding(self.collector.next())
 
-    def update_weights(self, policy: Any, version: int) -> None:
+    def update_weights(self, policy: Any, version: int, reference: Callable | None = None) -> None:
         self.collector.update_policy_weights_(policy)
 
     def state_dict(self) -> dict[str, Any]:
@@ -149,8 +150,9 @@ class EngineRollouts(CollectorRollouts):
         batch["policy_version"] = torch.full((batch.batch_size[0],), version, dtype=torch.long)
         return batch
 
-    def update_weights(self, policy: Any, version: int) -> None:
-        self.collector.update_policy_weights_(policy, version=version)
+    def update_weights(self, policy: Any, version: int, reference: Callable | None = None) -> None:
+        extra = {"reference": reference} if reference is not None else {}
+        self.collector.update_policy_weights_(policy, version=version, **extra)
         if self.engine.version != version:
             raise RuntimeError(f"the rollout collector did not sync the vLLM engine to version {version} "
                                f"(it holds {self.engine.version})")

@@ -8,7 +8,8 @@ Layout of a run directory::
                          row 0 of metrics.jsonl carries the first one as ``provenance``
     metrics.jsonl        one JSON row per iteration (row 0: evaluation after SFT, before RL)
     tb/                  TensorBoard event files (torch.utils.tensorboard)
-    checkpoint.pt        last checkpoint: policy, critic, optimisers, RNG states, iteration, collector
+    checkpoint.pt        last checkpoint: RNG states, iteration, collector, and which learner directory is its
+    learner/iter-<k>/    the learner's state of that checkpoint (policy, critic, optimisers; a DCP directory)
     sft_model/           the policy after the SFT warm start (Hugging Face format), the RL start point
     plots/*.png          learning curves (and plots/curves.png, all of them on one page)
     report.md            short summary: configuration, SFT vs final held-out success, curves
@@ -168,6 +169,20 @@ class RunDir:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, self.checkpoint_path)
+
+    def learner_dir(self, name: str) -> Path:
+        """Where the learner's state of checkpoint ``name`` lives (a DCP directory, written by every rank)."""
+        return self.path / "learner" / name
+
+    def prune_learner_dirs(self, keep: str) -> None:
+        """Remove every learner directory but ``keep`` (the one the checkpoint file names now), including
+        one a kill left half-written."""
+        import shutil
+
+        root = self.path / "learner"
+        for d in root.iterdir() if root.is_dir() else ():
+            if d.name != keep:
+                shutil.rmtree(d, ignore_errors=True)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():

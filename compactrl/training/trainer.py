@@ -32,10 +32,10 @@ from compactrl.collectors.trace_collector import TraceCollector
 from compactrl.eval.episodes import evaluate_policy
 from compactrl.provenance import machine_stamp, stamp_markdown
 from compactrl.training.config import TrainConfig, override
+from compactrl.training.learner import Learner, make_learner
 from compactrl.training.rollouts import Rollouts, build_policy, make_env_fns, make_rollouts, report_lines
 from compactrl.training.run_dir import RunDir, rng_state, set_rng_state
 from compactrl.training.sft import copy_warmup, sft_train, trim_padding
-from compactrl.training.update import Updater
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def collect_demonstrations(cfg: TrainConfig, pad_id: int, *, split: str = "train
 
 @dataclass
 class Run:
-    """What the phases share: config, run directory, models, the update step, the rollout source."""
+    """What the phases share: config, run directory, models, the learner, the rollout source."""
 
     cfg: TrainConfig
     run: RunDir
@@ -111,7 +111,8 @@ class Run:
     elapsed_before: float = 0.0
     critic: Any = None
     """Set by :func:`start_rollouts` (after SFT), like the next two."""
-    updater: Updater | None = None
+    learner: Learner | None = None
+    """The update step, weight syncs and learner checkpoints, in this process or on FSDP2 ranks."""
     rollouts: Rollouts | None = None
     """Where the training batches come from (:func:`~compactrl.training.rollouts.make_rollouts`)."""
     eval_bar: Any = None
@@ -139,29 +140,33 @@ class Run:
         """PPO: the critic against the held-out outcomes (``critic/trace_start_auc`` and the rest of
         :func:`~compactrl.algos.diagnostics.critic_diagnostics`), with the run's advantage call; the
         calibration plot goes to ``plots/critic_calibration.png``. GRPO has no critic: nothing."""
-        if self.critic is None or self.updater is None:
+        if self.cfg.rl.algo != "ppo" or self.learner is None:
             return {}
         from compactrl.algos.diagnostics import calibration_plot, critic_diagnostics
 
         batch = trim_padding(batch)
-        self.updater.advantages(batch)
+        self.learner.advantages(batch)
         calibration_plot(batch, self.run.path / "plots" / "critic_calibration.png")
         return {f"eval/{k}": v for k, v in critic_diagnostics(batch).items()}
 
     def checkpoint(self, iteration: int) -> None:
+        """The learner's state into ``learner/iter-<k>`` (a DCP directory, every rank its shards), then the
+        checkpoint file that names it; older learner directories go once the file is in place."""
+        name = f"iter-{iteration:06d}"
+        learner = self.learner.save(self.run.learner_dir(name))
         self.run.save_checkpoint({
             "iteration": iteration, "rows": len(self.run.rows()), "elapsed_s": self.elapsed(),
-            "policy": self.policy.state_dict(), "updater": self.updater.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "learner_dir": name, "learner": learner, "learner_ranks": self.cfg.learner.ranks,
             **self.rollouts.state_dict(), "rng": rng_state(),
             "policy_generator": self.policy.generator.get_state(), "config": self.cfg.to_dict(),
         })
+        self.run.prune_learner_dirs(keep=name)
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.updater.load_state_dict(state["updater"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
+        if "learner_dir" in state:
+            self.learner.load(self.run.learner_dir(state["learner_dir"]), state["learner"])
+        else:  # a checkpoint file from before the learner had its own directory (one process)
+            self.learner.load_legacy(state)
         self.rollouts.load_state_dict(state, version=state["iteration"])
         set_rng_state(state["rng"])
         self.policy.generator.set_state(state["policy_generator"])
@@ -207,6 +212,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     finally:
         if r.rollouts is not None:  # also when the run stops with an error: no engine process outlives it
             r.rollouts.close()
+        if r.learner is not None:  # nor a learner rank
+            r.learner.close()
 
 
 def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, progress: Any) -> TrainResult:
@@ -277,11 +284,14 @@ def setup(cfg: TrainConfig, run: RunDir, progress: Any, t_start: float) -> Run:
 
 
 def start_rollouts(r: Run) -> None:
-    """Critic (from the current policy), update step and the rollout source (its frozen summariser,
-    if any, a copy of the current policy; a resumed run then loads the checkpoint's)."""
+    """Critic (from the current policy), the learner and the rollout source (its frozen summariser,
+    if any, a copy of the current policy; a resumed run then loads the checkpoint's).
+
+    With ``learner.ranks > 1`` the ranks build their own critic from the policy they start from, and the
+    trainer's process keeps none (``critic`` stays None: no held-out critic scoring)."""
     cfg = r.cfg
-    r.critic = build_critic(cfg, r.policy)
-    r.updater = Updater(cfg.rl, r.policy, r.critic, seed=cfg.seed + 2)
+    r.critic = build_critic(cfg, r.policy) if cfg.learner.ranks == 1 else None
+    r.learner = make_learner(cfg, r.policy, r.critic)
     r.rollouts = make_rollouts(cfg, r.policy, pad_id=r.pad_id, run=r.run)
 
 
@@ -319,9 +329,9 @@ def critic_pretrain_batches(r: Run, total: int):
         if r.cfg.rl.critic_pretrain_replay:
             pool.append(batch)
             batch = concat_traces(pool, pad_id=r.pad_id)
-        r.updater.advantages(batch)
-        step = min(r.updater.steps_per_batch(), total - done)
-        row = r.updater.update(batch, train_policy=False, max_critic_steps=step,
+        r.learner.advantages(batch)
+        step = min(r.learner.steps_per_batch(), total - done)
+        row = r.learner.update(batch, train_policy=False, max_critic_steps=step,
                                minibatches=r.cfg.rl.minibatches * max(len(pool), 1))
         row["pool_episodes"] = float(len(torch.unique(batch["episode_id"])))
         done += step
@@ -344,13 +354,13 @@ def rl_iteration(r: Run, it: int, evaluate: bool) -> dict[str, Any]:
     batch = r.rollouts.next()
     t_collect = time.perf_counter() - t0
     t1 = time.perf_counter()
-    r.updater.advantages(batch)
-    stats = r.updater.update(batch)
+    r.learner.advantages(batch)
+    stats = r.learner.update(batch)
     t_update = time.perf_counter() - t1
     t1 = time.perf_counter()
-    r.rollouts.update_weights(r.policy, version=it)  # a failing sync raises here, before the next collection
+    sync = r.learner.sync(r.rollouts, version=it)  # a failing sync raises here, before the next collection
     row = {"iteration": it, **{f"train/{k}": v for k, v in r.rollouts.last_batch_stats.items()}, **stats,
-           **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, "time/collect_s": t_collect,
+           **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, **sync, "time/collect_s": t_collect,
            "time/update_s": t_update, "time/weight_sync_s": time.perf_counter() - t1,
            "time/iteration_s": time.perf_counter() - t0}
     if evaluate:

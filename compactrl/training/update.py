@@ -17,10 +17,21 @@ things the trainer does with a collected batch:
 
 Diagnostics are means over the optimiser steps: ``loss/<term>``, ``policy/<diagnostic>``,
 ``critic/<diagnostic>`` and each module's ``grad_norm``.
+
+Data parallelism (:class:`Shard`): on each of N learner ranks the same :class:`Updater` runs on the
+same batch with the same minibatch generator, so every rank draws the same minibatches; each rank
+then takes its own rows of a minibatch (:func:`rank_rows`), after the minibatch's whole token counts
+were written, so the loss of every rank is its share of the *global* per-token loss and the ranks'
+gradients sum to one process's gradient, however unevenly the tokens fall. FSDP averages gradients
+over the ranks, so each rank's loss is scaled by N before its backward. Every rank runs the same
+number of forward/backward passes (ranks with fewer micro-batches run zero-weight ones), since each
+pass of a sharded module is a collective. With one rank (:data:`SINGLE`) every step is exactly the
+single-process computation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,19 +40,86 @@ from tensordict import TensorDict
 from compactrl.algos.losses import add_loss_normalizers, advantage_estimator, build_losses
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
 
-__all__ = ["Updater", "critic_values", "split_minibatches", "optimizer_step"]
+__all__ = ["Updater", "Shard", "SINGLE", "critic_values", "split_minibatches", "optimizer_step", "rank_rows"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place among the learner's data-parallel ranks (``group``: its process group)."""
+
+    rank: int = 0
+    world: int = 1
+    group: Any = None
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over the ranks, in place (itself with one rank)."""
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+        return x
+
+    def max_count(self, n: int) -> int:
+        """The largest ``n`` over the ranks."""
+        if self.world == 1:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t)
+
+
+SINGLE = Shard()
+"""One process: no collectives, no split."""
+
+
+def rank_rows(weights: torch.Tensor, shard: Shard) -> torch.Tensor:
+    """The row indices rank ``shard.rank`` takes: rows dealt greedily (heaviest first, ties by index) to
+    the lightest rank, so every rank computes the same deal. With one rank: every row, in order."""
+    n = weights.shape[0]
+    if shard.world == 1:
+        return torch.arange(n)
+    order = sorted(range(n), key=lambda i: (-float(weights[i]), i))
+    loads, mine = [0.0] * shard.world, []
+    for i in order:
+        k = loads.index(min(loads))
+        loads[k] += float(weights[i])
+        if k == shard.rank:
+            mine.append(i)
+    return torch.tensor(sorted(mine), dtype=torch.long)
+
+
+def _idle_part(batch: TensorDict) -> TensorDict:
+    """One row of ``batch`` with no policy token: a forward/backward that adds nothing (a rank with fewer
+    micro-batches than another runs these, because each pass of a sharded module is a collective)."""
+    width = batch["attention_mask"].shape[-1]
+    part = batch[:1].apply(lambda t: t[:, :2] if t.dim() >= 2 and t.shape[1] == width else t).clone()
+    part["policy_mask"] = torch.zeros_like(part["policy_mask"])
+    return part
+
+
+def _padded(parts: list, batch: TensorDict, shard: Shard) -> list:
+    """``parts`` followed by idle parts up to the largest part count over the ranks."""
+    return parts + [_idle_part(batch)] * (shard.max_count(len(parts)) - len(parts))
 
 
 @torch.no_grad()
-def critic_values(critic, batch: TensorDict, micro_batch_tokens: int) -> torch.Tensor:
-    """``V`` at every position of ``batch``, computed over packed micro-batches."""
+def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE) -> torch.Tensor:
+    """``V`` at every position of ``batch``, computed over packed micro-batches (each rank its share of the
+    rows, the whole result summed over the ranks)."""
     out = torch.zeros(batch["tokens"].shape, dtype=torch.float32)
     lengths = row_lengths(batch["attention_mask"])
-    for rows in pack_rows(lengths, micro_batch_tokens):
+    mine = rank_rows(lengths, shard)
+    packs = [mine[rows] for rows in pack_rows(lengths[mine], micro_batch_tokens)] if mine.numel() else []
+    for rows in packs + [None] * (shard.max_count(len(packs)) - len(packs)):
+        if rows is None:  # idle pass: this rank has no rows left
+            critic.value(batch["tokens"][:1, :1], batch["attention_mask"][:1, :1])
+            continue
         width = max(int(lengths[rows].max()), 1)
         tokens, mask = batch["tokens"][rows, :width], batch["attention_mask"][rows, :width]
         out[rows, :width] = critic.value(tokens, mask).float()
-    return out
+    return shard.all_sum(out)
 
 
 def split_minibatches(batch: TensorDict, count: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -60,26 +138,36 @@ def split_minibatches(batch: TensorDict, count: int, generator: torch.Generator)
 
 
 def optimizer_step(mb: TensorDict, loss_fn, opt: torch.optim.Optimizer, module: torch.nn.Module, *,
-                   name: str, micro_batch_tokens: int, max_grad_norm: float) -> dict[str, float]:
+                   name: str, micro_batch_tokens: int, max_grad_norm: float, shard: Shard = SINGLE,
+                   ) -> dict[str, float]:
     """One optimiser step of ``loss_fn`` over ``mb``, gradients accumulated over packed micro-batches.
 
     ``mb`` must carry its whole token counts (``add_loss_normalizers``), so the accumulated
-    gradient does not depend on the packing. Diagnostics are weighted by the micro-batch's share of
-    policy tokens; loss terms are summed (each is already a share of the minibatch's loss).
+    gradient does not depend on the packing (nor on the ranks: each takes its rows of ``mb``).
+    Diagnostics are weighted by the micro-batch's share of the minibatch's policy tokens; loss terms
+    are summed (each is already a share of the minibatch's loss); both are summed over the ranks.
     """
     opt.zero_grad(set_to_none=True)
     stats: dict[str, float] = {}
     total = float(mb["policy_mask"].sum().clamp(min=1))
-    for part in micro_batches(mb, micro_batch_tokens):
+    mine = mb[rank_rows(mb["policy_mask"].sum(-1), shard)] if shard.world > 1 else mb
+    parts = micro_batches(mine, micro_batch_tokens) if mine.batch_size[0] else []
+    for part in _padded(parts, mb, shard):
         out = loss_fn(part)
-        sum(v for k, v in out.items() if k.startswith("loss_")).backward()
+        loss = sum(v for k, v in out.items() if k.startswith("loss_"))
+        (loss * shard.world if shard.world > 1 else loss).backward()  # FSDP averages over the ranks
         weight = float(part["policy_mask"].sum()) / total
         for k, v in out.items():
             if k == "num_loss_tokens_micro":
                 continue
             key = f"loss/{k[5:]}" if k.startswith("loss_") else f"{name}/{k}"
             stats[key] = stats.get(key, 0.0) + float(v.detach()) * (1.0 if k.startswith("loss_") else weight)
-    stats[f"{name}/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm))
+    if shard.world > 1:
+        keys = sorted(stats)
+        summed = shard.all_sum(torch.tensor([stats[k] for k in keys], dtype=torch.float64))
+        stats = dict(zip(keys, summed.tolist()))
+    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+    stats[f"{name}/grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     opt.step()
     return stats
 
@@ -103,10 +191,10 @@ class _Means:
 class Updater:
     """The update step of critic PPO or GRPO over trace batches, configured by an ``RLConfig``."""
 
-    def __init__(self, rl, policy, critic=None, *, seed: int = 0) -> None:
+    def __init__(self, rl, policy, critic=None, *, seed: int = 0, shard: Shard = SINGLE) -> None:
         if (rl.algo == "ppo") != (critic is not None):
             raise ValueError(f"rl.algo={rl.algo!r}: a critic is needed for ppo and only for ppo")
-        self.rl, self.policy, self.critic = rl, policy, critic
+        self.rl, self.policy, self.critic, self.shard = rl, policy, critic, shard
         self.loss = build_losses(rl, policy, critic)
         self.estimate = advantage_estimator(rl)
         self.opt = torch.optim.AdamW(policy.parameters(), lr=rl.lr, weight_decay=0.0)
@@ -117,7 +205,7 @@ class Updater:
     def advantages(self, batch: TensorDict) -> TensorDict:
         """Critic values (PPO) and advantages (and value targets) over the whole batch, in place."""
         if self.critic is not None:
-            batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens)
+            batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens, self.shard)
         return self.estimate(batch)
 
     def update(self, batch: TensorDict, *, train_policy: bool = True, max_critic_steps: int | None = None,
@@ -127,7 +215,7 @@ class Updater:
         ``minibatches`` overrides ``rl.minibatches`` (critic pre-training splits its pool of several
         batches into proportionally more, so that a step costs what it costs on one batch)."""
         rl, means, critic_steps = self.rl, _Means(), 0
-        step = dict(micro_batch_tokens=rl.micro_batch_tokens, max_grad_norm=rl.max_grad_norm)
+        step = dict(micro_batch_tokens=rl.micro_batch_tokens, max_grad_norm=rl.max_grad_norm, shard=self.shard)
         for _ in range(rl.epochs):
             for rows in split_minibatches(batch, minibatches or rl.minibatches, self.generator):
                 mb = add_loss_normalizers(batch[rows], train_summaries=rl.loss.train_summaries)

@@ -231,11 +231,11 @@ class _FakeCollector:
 
 def probe_pretrain(cfg: TrainConfig) -> Any:
     from compactrl.training.rollouts import CollectorRollouts
-    from compactrl.training.update import Updater
+    from compactrl.training.learner import LocalLearner
 
     policy, _ = _policy(cfg)
     critic = T.build_critic(cfg, policy)
-    r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
+    r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, learner=LocalLearner(cfg, policy, critic),
               rollouts=CollectorRollouts(_FakeCollector(), policy))
     row = T.critic_pretrain_phase(r)
     return r.rollouts.collector.batches, row.get("pretrain/batches"), _digest(*critic.parameters()) if critic else None

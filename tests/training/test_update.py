@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from compactrl.training.config import override, preset
+from compactrl.training.learner import LocalLearner
 from compactrl.training.update import Updater
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,16 +120,16 @@ def test_critic_pretraining_runs_its_steps_on_fresh_batches_before_any_policy_st
 
     policy = _policy()
     critic = T.build_critic(cfg, policy)
-    r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, updater=Updater(cfg.rl, policy, critic),
+    r = T.Run(cfg, None, policy, None, pad_id=0, critic=critic, learner=LocalLearner(cfg, policy, critic),
               rollouts=CollectorRollouts(Fresh(), policy))
     pools = [row["pool_episodes"] for _, row in T.critic_pretrain_batches(r, 5)]
     assert pools == ([1.0, 2.0, 3.0] if replay else [1.0, 1.0, 1.0])
-    assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
-    r.rollouts, r.updater = CollectorRollouts(Fresh(), policy), Updater(cfg.rl, policy, critic)
+    assert (_steps(r.learner.updater.opt), _steps(r.learner.updater.critic_opt)) == (0, 5)
+    r.rollouts, r.learner = CollectorRollouts(Fresh(), policy), LocalLearner(cfg, policy, critic)
     row = T.critic_pretrain_phase(r)
     assert r.rollouts.collector.batches == 3 and row["pretrain/batches"] == 3.0  # 2 + 2 + 1 steps
     assert row["pretrain/pool_episodes"] == (3.0 if replay else 1.0)
-    assert (_steps(r.updater.opt), _steps(r.updater.critic_opt)) == (0, 5)
+    assert (_steps(r.learner.updater.opt), _steps(r.learner.updater.critic_opt)) == (0, 5)
     assert T.critic_pretrain_phase(T.Run(override(cfg, {"rl.critic_pretrain_steps": 0}), None, policy, None,
                                          pad_id=0, critic=critic)) == {}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -241,11 +241,14 @@ class VLLMPolicy:
                 "engine/sync_mb": nbytes / 1e6, "engine/sync_send_s": t_send,
                 "engine/sync_load_s": float(answer["load_s"]), "engine/sync_s": time.perf_counter() - t0}
 
-    def check_sync(self, model) -> dict[str, float]:
-        """Score the probe batch on both sides; raise :class:`SyncCheckError` beyond ``sync_tolerance``."""
+    def check_sync(self, model, reference: Callable | None = None) -> dict[str, float]:
+        """Score the probe batch on both sides; raise :class:`SyncCheckError` beyond ``sync_tolerance``.
+
+        The learner's side is ``reference(probe)`` when given (a sharded learner scores with its own shards,
+        so a bucket corrupted on its way here is caught), else ``model``'s log-probs."""
         t0 = time.perf_counter()
         engine_lp = self.score(self.probe)
-        learner_lp = learner_log_probs(model, self.probe)
+        learner_lp = reference(self.probe) if reference is not None else learner_log_probs(model, self.probe)
         worst, mean = max_abs_diff(engine_lp, learner_lp)
         row = {"engine/probe_max_abs_dlogp": worst, "engine/probe_mean_abs_dlogp": mean,
                "engine/probe_s": time.perf_counter() - t0}
@@ -256,14 +259,15 @@ class VLLMPolicy:
                 f"sync_tolerance={self.sync_tolerance:g}; no rollout from these weights was used")
         return row
 
-    def update_weights(self, model, **kwargs: Any) -> dict[str, float]:
-        """Sync and check (the trace collector's ``update_policy_weights_`` hook); returns the metrics."""
+    def update_weights(self, model, *, reference: Callable | None = None, **kwargs: Any) -> dict[str, float]:
+        """Sync and check (the trace collector's ``update_policy_weights_`` hook); returns the metrics.
+        ``reference`` scores the probe batch for the learner (see :meth:`check_sync`)."""
         if isinstance(model, Mapping):
             raise ValueError("update_weights: expected the learner's model (a torch module), got a state dict")
         if hasattr(model, "log_prob") and hasattr(model, "model"):  # a TransformersPolicy: its Hugging Face model
             model = model.model
         row = self.sync_weights(model, **kwargs)
-        row.update(self.check_sync(model))
+        row.update(self.check_sync(model, reference))
         self.last_sync = row
         logger.info("engine synced to version %d in %.3f s; probe max |dlogp| %.3g", self.version,
                     row["engine/sync_s"], row["engine/probe_max_abs_dlogp"])

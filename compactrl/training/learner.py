@@ -1,0 +1,278 @@
+"""The learner: parameters, optimiser state, the update step, weight syncs and checkpoints, behind one
+interface whatever the number of ranks.
+
+* :class:`LocalLearner` (``learner.ranks=1``, the default): the policy and critic train in the trainer's
+  process; the policy the rollouts sample with is the trained module itself.
+* :class:`ShardedLearner` (``learner.ranks=N>1``): the policy and critic are FSDP2-sharded over N ranks
+  (:mod:`compactrl.training.ranks`, on Ray or under ``torchrun``), data-parallel over the batch with
+  the loss normalised by the whole batch's token count (:mod:`compactrl.training.update`). The
+  trainer's process keeps an unsharded copy of the policy for sampling, evaluation and the final
+  model; every sync gathers the ranks' parameters bucket by bucket into it and checks it on a probe
+  batch against the ranks' own (sharded) log-probs, before any engine gets it.
+
+Checkpoints of both are :mod:`torch.distributed.checkpoint` directories (model and optimiser state by
+parameter name, each rank writing its shards), so a run saved at N ranks resumes at M.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from tensordict import TensorDict
+
+from compactrl.training.config import TrainConfig
+from compactrl.training.update import Updater
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Learner", "LocalLearner", "ShardedLearner", "make_learner", "save_learner_state",
+           "load_learner_state", "init_optimizer_state", "probe_tolerance", "LearnerSyncError"]
+
+
+class LearnerSyncError(RuntimeError):
+    """The weights gathered from the ranks do not score the probe batch as the ranks do."""
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What the trainer asks of a learner, with one rank or many."""
+
+    def advantages(self, batch: TensorDict) -> TensorDict:
+        """Critic values (PPO) and advantages of ``batch``, written into it; returns it."""
+        ...
+
+    def update(self, batch: TensorDict, *, train_policy: bool = True, max_critic_steps: int | None = None,
+               minibatches: int | None = None) -> dict[str, float]:
+        """The update step on ``batch`` (see :meth:`~compactrl.training.update.Updater.update`); diagnostics."""
+        ...
+
+    def steps_per_batch(self) -> int:
+        ...
+
+    def sync(self, rollouts: Any, version: int) -> dict[str, float]:
+        """Bring the sampling policy and every engine of ``rollouts`` to the learner's weights as ``version``."""
+        ...
+
+    def save(self, path: Path) -> dict[str, Any]:
+        """Write the learner's state under the directory ``path``; returns the small rest for the checkpoint file."""
+        ...
+
+    def load(self, path: Path, extra: dict[str, Any]) -> None:
+        """Read a state :meth:`save` wrote (at any number of ranks)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+# -- checkpoints (one format for every rank count) ------------------------------------------------------
+
+
+def _pairs(policy, critic, updater: Updater) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+    pairs = {"policy": (policy.model, updater.opt)}
+    if critic is not None:
+        pairs["critic"] = (critic, updater.critic_opt)
+    return pairs
+
+
+@contextlib.contextmanager
+def _one_process_quiet():
+    """DCP warns that it assumes one process when no process group exists: that is the one-process learner."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def save_learner_state(path: str | Path, policy, critic, updater: Updater) -> None:
+    """Models and optimisers, by parameter name, into the DCP directory ``path`` (every rank its shards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    state = {}
+    for name, (module, opt) in _pairs(policy, critic, updater).items():
+        state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+    with _one_process_quiet():
+        dcp.save(state, checkpoint_id=str(path))
+
+
+def init_optimizer_state(opt: torch.optim.Optimizer) -> None:
+    """Create the optimiser's state with a step that changes nothing (lr 0, zero gradients), so that a
+    checkpoint can load into it."""
+    saved = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    for g, lr in zip(opt.param_groups, saved):
+        g["lr"] = lr
+
+
+def load_learner_state(path: str | Path, policy, critic, updater: Updater) -> None:
+    """Read :func:`save_learner_state`'s directory into these modules and optimisers, however they are sharded."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    pairs = _pairs(policy, critic, updater)
+    state = {}
+    for name, (module, opt) in pairs.items():
+        if not opt.state:
+            init_optimizer_state(opt)  # DCP loads into existing tensors
+        state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=str(path))
+    for name, (module, opt) in pairs.items():
+        set_state_dict(module, opt, model_state_dict=state[f"{name}_model"], optim_state_dict=state[f"{name}_optim"])
+
+
+# -- one process -----------------------------------------------------------------------------------------
+
+
+class LocalLearner:
+    """The learner in the trainer's process: the rollouts sample with the trained policy itself."""
+
+    def __init__(self, cfg: TrainConfig, policy, critic) -> None:
+        self.policy, self.critic = policy, critic
+        self.updater = Updater(cfg.rl, policy, critic, seed=cfg.seed + 2)
+
+    def advantages(self, batch: TensorDict) -> TensorDict:
+        return self.updater.advantages(batch)
+
+    def update(self, batch: TensorDict, **kwargs: Any) -> dict[str, float]:
+        return self.updater.update(batch, **kwargs)
+
+    def steps_per_batch(self) -> int:
+        return self.updater.steps_per_batch()
+
+    def sync(self, rollouts: Any, version: int) -> dict[str, float]:
+        rollouts.update_weights(self.policy, version=version)
+        return {}
+
+    def save(self, path: Path) -> dict[str, Any]:
+        save_learner_state(path, self.policy, self.critic, self.updater)
+        return {"generator": self.updater.generator.get_state()}
+
+    def load(self, path: Path, extra: dict[str, Any]) -> None:
+        load_learner_state(path, self.policy, self.critic, self.updater)
+        self.updater.generator.set_state(extra["generator"])
+
+    def load_legacy(self, state: dict[str, Any]) -> None:
+        """A checkpoint file that holds the learner's state itself (written before learner directories)."""
+        self.policy.load_state_dict(state["policy"])
+        self.updater.load_state_dict(state["updater"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+
+    def close(self) -> None:
+        pass
+
+
+# -- N ranks ------------------------------------------------------------------------------------------------
+
+
+class ShardedLearner:
+    """The learner on ``learner.ranks`` FSDP2 ranks; ``policy`` is the trainer's unsharded sampling copy."""
+
+    def __init__(self, cfg: TrainConfig, policy, ranks: Any) -> None:
+        self.cfg, self.policy, self.ranks = cfg, policy, ranks
+        self.probe = None
+
+    def advantages(self, batch: TensorDict) -> TensorDict:
+        batch.update(self.ranks.call("advantages", batch))
+        return batch
+
+    def update(self, batch: TensorDict, **kwargs: Any) -> dict[str, float]:
+        return self.ranks.call("update", batch, kwargs)
+
+    def steps_per_batch(self) -> int:
+        return self.ranks.call("steps_per_batch")
+
+    def probe_log_probs(self, sequences) -> list[list[float]]:
+        """The probe batch scored by the ranks' own (sharded) weights."""
+        return self.ranks.call("probe_log_probs", [list(map(int, s)) for s in sequences])
+
+    def pull(self) -> dict[str, float]:
+        """The ranks' parameters, gathered bucket by bucket, copied into the sampling policy."""
+        t0 = time.perf_counter()
+        params = dict(self.policy.model.named_parameters())
+        plan = self.ranks.call("bucket_plan", int(self.cfg.learner.sync_bucket_mb * (1 << 20)))
+        nbytes = 0
+        with torch.no_grad():
+            for i in range(len(plan)):
+                for name, t in self.ranks.call("gather_bucket", i).items():
+                    params[name].copy_(t)
+                    nbytes += t.numel() * t.element_size()
+        return {"learner/sync_buckets": float(len(plan)), "learner/sync_mb": nbytes / 1e6,
+                "learner/gather_s": time.perf_counter() - t0}
+
+    def check(self) -> dict[str, float]:
+        """The sampling copy and the ranks score the probe batch alike, or :class:`LearnerSyncError`."""
+        from compactrl.serving.vllm.policy import learner_log_probs, max_abs_diff, probe_sequences
+
+        if self.probe is None:
+            self.probe = probe_sequences(int(self.policy.model.config.vocab_size))
+        t0 = time.perf_counter()
+        worst, mean = max_abs_diff(learner_log_probs(self.policy.model, self.probe), self.probe_log_probs(self.probe))
+        row = {"learner/probe_max_abs_dlogp": worst, "learner/probe_mean_abs_dlogp": mean,
+               "learner/probe_s": time.perf_counter() - t0}
+        bound = probe_tolerance(self.cfg)
+        if not worst <= bound:
+            raise LearnerSyncError(
+                f"weight sync: the weights gathered from the {self.cfg.learner.ranks} learner ranks score the probe "
+                f"batch up to {worst:.4g} (mean {mean:.4g}) away from the ranks' own log-probs (bound "
+                f"{bound:g}); no rollout from these weights was used")
+        return row
+
+    def sync(self, rollouts: Any, version: int) -> dict[str, float]:
+        row = {**self.pull(), **self.check()}
+        rollouts.update_weights(self.policy, version=version, reference=self.probe_log_probs)
+        return row
+
+    def save(self, path: Path) -> dict[str, Any]:
+        return self.ranks.call("save", str(path))
+
+    def load(self, path: Path, extra: dict[str, Any]) -> None:
+        self.ranks.call("load", str(path), extra)
+        self.pull()
+
+    def load_legacy(self, state: dict[str, Any]) -> None:
+        raise ValueError(f"learner.ranks={self.cfg.learner.ranks}: this run's checkpoint holds a one-process learner "
+                         "in an older format; resume it with learner.ranks=1")
+
+    def memory(self) -> dict[str, float]:
+        """Rank 0's bytes of parameters, gradients and optimiser state (MiB)."""
+        return self.ranks.call("memory")
+
+    def close(self) -> None:
+        self.ranks.close()
+
+
+def probe_tolerance(cfg: TrainConfig) -> float:
+    """Largest |Δ log p| allowed between the gathered fp32 sampling copy and the ranks on the probe batch:
+    1e-4 when the ranks compute in fp32 (the same arithmetic up to the order of a few sums), 0.1 when they
+    compute in bf16 (``learner.mixed_precision``; the bound of a bf16 engine against an fp32 learner)."""
+    mp = cfg.learner.mixed_precision
+    return 0.1 if mp == "bf16" or (mp == "auto" and torch.cuda.is_available()) else 1e-4
+
+
+def make_learner(cfg: TrainConfig, policy, critic) -> Learner:
+    """The learner ``cfg.learner`` asks for, starting from ``policy`` (and ``critic``) as they are now."""
+    if cfg.learner.ranks == 1:
+        return LocalLearner(cfg, policy, critic)
+    from compactrl.training.ranks import RayRanks, TorchrunRanks, under_torchrun
+
+    launcher = cfg.learner.launcher
+    if launcher == "auto":
+        launcher = "torchrun" if under_torchrun() else "ray"
+    weights = {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
+    ranks = TorchrunRanks(cfg, weights) if launcher == "torchrun" else RayRanks(cfg, weights)
+    learner = ShardedLearner(cfg, policy, ranks)
+    log.info("learner: %d FSDP2 ranks (%s)", cfg.learner.ranks, launcher)
+    return learner
