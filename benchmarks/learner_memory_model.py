@@ -50,8 +50,11 @@ tests/training/test_learner_memory_model.py. Sources of the config values (publi
 
 * GLM-4.7-Flash (``glm4_moe_lite``): the defaults of ``Glm4MoeLiteConfig``,
   huggingface/transformers ``src/transformers/models/glm4_moe_lite/configuration_glm4_moe_lite.py``
-  @ 3de8fbf1e7a09e24459ce86dac34379d3561d449 (the same values as the checkpoint's config.json
-  copied into vLLM's glm4_moe_lite config test; ``num_nextn_predict_layers`` 1 from the checkpoint).
+  @ 3de8fbf1e7a09e24459ce86dac34379d3561d449 (47 layers, 1 dense, 64 experts of 1536, top-4, MLA ranks
+  768 / 512, head widths 192 + 64 / 256, vocabulary 154880); the MLA widths cross-checked with
+  sgl-project/sglang ``python/sglang/srt/configs/glm4_moe_lite.py`` @ e63bd2af09ee3834ed57355d6a336cb56a9bf4e5.
+  ``num_nextn_predict_layers`` 1 (one MTP layer, both checkpoints) is the Hub config.json's value as
+  public test fixtures copy it; the Hub files themselves were not read here.
 * GLM-4.5-Air (``glm4_moe``): ``CONFIG_100B`` in huggingface/transformers
   ``src/transformers/models/glm4_moe/convert_glm4_moe_weights_to_hf.py``
   @ 08bd427d3b7a87f191248d766f929ec60470b42f (attention_bias true, head_dim 128, 46 layers, 128

@@ -112,3 +112,11 @@ def test_the_report_prints_every_model_and_gpu_count(capsys):
         # the counts, the activations, 3 FSDP rows, 3 EP rows (8, 16 and 64 are multiples of ep 8)
         assert out.count(f"| {arch.name} |") == 1 + 1 + 3 + 3
     assert lmm.main(["--json", "--gpus", "8"]) == 0
+
+
+def test_the_committed_figures_are_the_scripts():
+    root = Path(__file__).resolve().parents[2]
+    rows = [r for r in lmm.memory_table((8, 16, 64), 65536, 4096).splitlines() if r.startswith("| GLM")]
+    docs = (root / "docs" / "distributed.md").read_text()
+    assert rows and all(r in docs for r in rows)
+    assert lmm.report() in (root / "benchmarks" / "results" / "learner_memory_model.md").read_text()
