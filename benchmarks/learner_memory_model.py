@@ -25,13 +25,18 @@ are split evenly over the N data-parallel ranks):
   saved for the backward per token and layer (H hidden, nh heads, hd head width, kv key/value heads,
   k experts per token, mI expert width, ns shared experts, E experts, I dense width):
 
-  - GQA attention: 2H (input norm in/out) + nh*hd (q) + 2*kv*hd (k, v) + nh*hd (output) + 2*nh (fp32 lse);
-    MLA: 2H + 2*q_lora (q_a out, its norm) + (kv_lora + rope) + kv_lora (kv_a out, its norm)
-    + nh*qk (q) + nh*qk (k) + nh*v (v) + nh*v (output) + 2*nh;
-  - dense MLP: 2H (post-attention norm in/out) + 2I (gate, up) + I (product, input of down);
-  - MoE: 2H + 2H (fp32 router input) + 4E (fp32 logits, scores) + k*(H + 2mI + mI + H) (dispatched
-    tokens, gate/up, product, expert outputs kept for the weighted combine) + ns*3mI (shared expert).
+  - every RMSNorm of width n: 4n (its fp32 input, the normalised value, its output);
+  - GQA attention: 4H (input norm) + nh*hd (q) + 2*kv*hd (k, v) + 2*nh*hd (the output and o_proj's
+    contiguous copy of it) + 2*nh (fp32 lse);
+    MLA: 4H + 4*q_lora + 4*kv_lora (the low-rank norms) + 2*rope + 2*nh*qk (q, k) + nh*(nope + v)
+    (kv_b_proj's output, which holds v) + 2*nh*v (output and copy) + 2*nh;
+  - dense MLP: 4H (post-attention norm) + 4I (gate, silu(gate), up, their product);
+  - MoE: 4H + 2H (the router's fp32 input) + 4E (fp32 logits, scores) + k*(2H + 4mI) (per routed copy:
+    the dispatched input, gate/up, silu output, product, the expert output kept for the weighted
+    combine) + ns*4mI (shared expert).
 
+  These match what transformers' modules save (``saved_tensors_hooks`` on CPU, tiny glm4_moe and
+  glm4_moe_lite layers in bf16 with SDPA and grouped_mm experts: within 2%, checked by the test).
   With activation checkpointing each layer keeps only its input (H per token) and one layer is
   recomputed at a time: + 2 x one layer's saved set (its activations and their gradients).
 * **LM head**: unchunked, the logits of all T tokens: T*V*(2 bf16 logits + 4 fp32 log-softmax kept for
@@ -298,24 +303,32 @@ def fsdp_buffer_bytes(a: MoEArch, root_params: int, layout: Layout) -> float:
     return layers + root_params * (2 * p.compute + p.reduce)
 
 
+NORM = 4
+"""bf16 elements an RMSNorm of width n keeps per token, times n: its fp32 input (2), the normalised bf16
+value its weight's gradient needs (1), its output, the next projection's input (1)."""
+
+
 def _attention_saved(a: MoEArch) -> float:
     h, nh = a.hidden_size, a.num_attention_heads
-    if a.attention == "gqa":
-        return 2 * h + 2 * nh * a.head_dim + 2 * a.num_key_value_heads * a.head_dim + 2 * nh
+    if a.attention == "gqa":  # q, k, v, the output and o_proj's contiguous copy of it, fp32 lse
+        return NORM * h + 3 * nh * a.head_dim + 2 * a.num_key_value_heads * a.head_dim + 2 * nh
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-    q_lora = 2 * a.q_lora_rank if a.q_lora_rank else 0
-    kv = (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
-    return 2 * h + q_lora + kv + 2 * nh * qk + 2 * nh * a.v_head_dim + 2 * nh
+    q_lora = NORM * a.q_lora_rank if a.q_lora_rank else 0
+    # q, k (nope + rope), kv_b_proj's output (holds v), the output and o_proj's copy of it, fp32 lse
+    heads = 2 * nh * qk + nh * (a.qk_nope_head_dim + a.v_head_dim) + 2 * nh * a.v_head_dim + 2 * nh
+    return NORM * h + q_lora + NORM * a.kv_lora_rank + 2 * a.qk_rope_head_dim + heads
 
 
 def layer_saved_elements(a: MoEArch, moe: bool = True) -> float:
-    """bf16 elements one layer keeps per token for its backward (fp32 ones count twice)."""
+    """bf16 elements one layer keeps per token for its backward (fp32 ones count twice), as transformers'
+    eager modules save them (checked against saved-tensor hooks on CPU by the test)."""
     h = a.hidden_size
-    if not moe:
-        return _attention_saved(a) + 2 * h + 3 * a.intermediate_size
+    if not moe:  # SwiGLU: gate (silu's input), silu's output, up, their product (down's input)
+        return _attention_saved(a) + NORM * h + 4 * a.intermediate_size
     k, mi = a.experts_per_token, a.moe_intermediate_size
-    mlp = 2 * h + 2 * h + 4 * a.n_routed_experts + k * (2 * h + 3 * mi) + a.n_shared_experts * 3 * mi
-    return _attention_saved(a) + mlp
+    router = 2 * h + 4 * a.n_routed_experts  # its fp32 input copy, fp32 logits and scores
+    experts = k * (2 * h + 4 * mi)  # per copy: dispatched input, gate/up, silu out, product, output
+    return _attention_saved(a) + NORM * h + router + experts + a.n_shared_experts * 4 * mi
 
 
 def activation_bytes(a: MoEArch, tokens: int, *, checkpointing: bool, chunk: int = 0,

@@ -120,3 +120,41 @@ def test_the_committed_figures_are_the_scripts():
     docs = (root / "docs" / "distributed.md").read_text()
     assert rows and all(r in docs for r in rows)
     assert lmm.report() in (root / "benchmarks" / "results" / "learner_memory_model.md").read_text()
+
+
+@pytest.mark.parametrize("arch", ["glm4_moe", "glm4_moe_lite"])
+def test_activation_formula_matches_what_the_layers_save(arch):
+    """The per-token, per-layer elements of the model against the tensors a real bf16 layer saves for its
+    backward (saved_tensors_hooks; parameters and the shared rotary tables left out)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from compactrl.policies.tiny_moe import TinyMoEConfig, build_config
+
+    config = build_config(TinyMoEConfig(
+        arch=arch, vocab_size=300, hidden_size=256, num_layers=2, num_experts=8, experts_per_token=2,
+        moe_intermediate_size=128, intermediate_size=512, first_k_dense=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, kv_lora_rank=128, q_lora_rank=96, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=64))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                             experts_implementation="grouped_mm")
+    shape = lmm.arch_from_config(config.to_dict())
+    tokens = 512
+    ids = torch.randint(0, 300, (1, tokens), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(tokens)[None]
+    for index, layer in enumerate(model.model.layers):
+        weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t, saved=saved, weights=weights):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights:
+                saved[ptr] = max(saved.get(ptr, 0), t.untyped_storage().nbytes())
+            return t
+
+        hidden = model.model.embed_tokens(ids).detach().requires_grad_(True)
+        rotary = model.model.rotary_emb(hidden, positions)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        predicted = lmm.layer_saved_elements(shape, moe=index >= shape.dense_layers) * 2 * tokens
+        assert sum(saved.values()) == pytest.approx(predicted, rel=0.05), (arch, index)
