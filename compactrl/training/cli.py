@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 import types
@@ -200,9 +201,16 @@ def _resolve_out(args: argparse.Namespace, cfg: TrainConfig) -> Path:
     return RUNS_ROOT / f"{args.preset}-{cfg.rl.algo}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+RESUME_CHANGES = {"rl.iterations", "learner.ranks", "learner.launcher"}
+"""Options a resumed run takes beside its stored config: more iterations, another learner rank count."""
+
+
 def run(args: argparse.Namespace) -> int:
+    from compactrl.training.ranks import under_torchrun
     from compactrl.training.trainer import train
 
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1 and int(os.environ["RANK"]) > 0:
+        return _follow_rank_zero()
     try:
         refuse_ignored(args, TRAIN_OPTIONS, args)
         cfg = config_from_args(args)
@@ -213,19 +221,23 @@ def run(args: argparse.Namespace) -> int:
             _say_implied(args)
         if not args.resume:  # a resumed run checks its stored config when its collector starts
             _check_ray_args(args, cfg)
-        if args.resume and set(given) - {"rl.iterations"}:
+        if args.resume and set(given) - RESUME_CHANGES:
             raise ValueError("--resume uses the run's stored config (only --rl.iterations may change, to extend "
-                             f"the run); drop {sorted(set(given) - {'rl.iterations'})}")
+                             "the run, and --learner.ranks / --learner.launcher, to resume at another rank count); "
+                             f"drop {sorted(set(given) - RESUME_CHANGES)}")
+        _check_torchrun(args, cfg)
     except ValueError as exc:
         print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output, one line
         return 2
     progress = None if args.no_progress else (_rich_progress() if sys.stdout.isatty() else TextProgress())
     try:
         extend = cfg.rl.iterations if args.resume and "cfg:rl.iterations" in vars(args) else None
+        learner = {k: _lookup(cfg, k) for k in ("learner.ranks", "learner.launcher") if f"cfg:{k}" in vars(args)}
         with _ray(args, cfg):
             if auto_workers:
                 cfg = _with_chosen_workers(cfg)
-            result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend)
+            result = train(cfg, out, resume=args.resume, progress=progress, iterations=extend,
+                           learner=learner if args.resume else None)
     except ValueError as exc:  # the run directory does not fit the request (exists, or already longer)
         log.debug("train failed", exc_info=True)
         print(f"compactrl train: error: {exc}")  # noqa: T201 - CLI output
@@ -247,6 +259,26 @@ def run(args: argparse.Namespace) -> int:
             progress.stop()
     print(result.summary_line())  # noqa: T201 - CLI output
     print(f"run directory: {out}  (report: {out / 'report.md'})")  # noqa: T201
+    return 0
+
+
+def _check_torchrun(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """Under ``torchrun`` with several processes, rank 0 trains with them as its learner ranks: the rank count
+    must be the world size (the other ranks have already gone to :func:`_follow_rank_zero`)."""
+    from compactrl.training.ranks import under_torchrun
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if under_torchrun() and world > 1 and (cfg.learner.ranks != world or cfg.learner.launcher == "ray"):
+        raise ValueError(f"learner.ranks: under torchrun with {world} processes, expected --learner.ranks {world} "
+                         f"(and learner.launcher auto or torchrun), got {cfg.learner.ranks} ({cfg.learner.launcher})")
+
+
+def _follow_rank_zero() -> int:
+    """A ``torchrun`` rank other than 0: serve rank 0's learner calls until it closes the learner."""
+    from compactrl.training.ranks import follow
+
+    log.info("learner rank %s of %s: following rank 0", os.environ["RANK"], os.environ["WORLD_SIZE"])
+    follow()
     return 0
 
 

@@ -32,7 +32,7 @@ from compactrl.training.update import Updater
 log = logging.getLogger(__name__)
 
 __all__ = ["Learner", "LocalLearner", "ShardedLearner", "make_learner", "save_learner_state",
-           "load_learner_state", "init_optimizer_state", "probe_tolerance", "LearnerSyncError"]
+           "load_learner_state", "init_optimizer_state", "probe_tolerance", "state_mib", "LearnerSyncError"]
 
 
 class LearnerSyncError(RuntimeError):
@@ -132,6 +132,23 @@ def load_learner_state(path: str | Path, policy, critic, updater: Updater) -> No
         set_state_dict(module, opt, model_state_dict=state[f"{name}_model"], optim_state_dict=state[f"{name}_optim"])
 
 
+def _local_bytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def state_mib(policy, critic, updater: Updater) -> dict[str, float]:
+    """MiB of parameters, gradients and optimiser state this process holds (its shards, when sharded)."""
+    mods = [m for m in (policy, critic) if m is not None]
+    params = [p for m in mods for p in m.parameters()]
+    opts = [o for o in (updater.opt, updater.critic_opt) if o is not None]
+    mib = float(1 << 20)
+    return {"params_mib": sum(_local_bytes(p) for p in params) / mib,
+            "grads_mib": sum(_local_bytes(p.grad) for p in params if p.grad is not None) / mib,
+            "optimizer_mib": sum(_local_bytes(v) for o in opts for st in o.state.values() for v in st.values()
+                                 if torch.is_tensor(v) and v.dim() > 0) / mib}
+
+
 # -- one process -----------------------------------------------------------------------------------------
 
 
@@ -162,6 +179,9 @@ class LocalLearner:
     def load(self, path: Path, extra: dict[str, Any]) -> None:
         load_learner_state(path, self.policy, self.critic, self.updater)
         self.updater.generator.set_state(extra["generator"])
+
+    def memory(self) -> dict[str, float]:
+        return state_mib(self.policy, self.critic, self.updater)
 
     def load_legacy(self, state: dict[str, Any]) -> None:
         """A checkpoint file that holds the learner's state itself (written before learner directories)."""

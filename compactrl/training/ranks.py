@@ -75,10 +75,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 class RankWorker:
     """One learner rank. :meth:`setup` joins the process group and builds the shards; the rest are the
     learner's operations (collectives: every rank calls them with the same arguments)."""
@@ -204,16 +200,10 @@ class RankWorker:
         return out if self.rank == 0 else None
 
     def memory(self) -> dict[str, float]:
-        """This rank's bytes of parameters, gradients and optimiser state (its shards), in MiB."""
-        mods = [m for m in (self.policy, self.critic) if m is not None]
-        params = sum(_local(p).numel() * p.element_size() for m in mods for p in m.parameters())
-        grads = sum(_local(p.grad).numel() * p.grad.element_size() for m in mods for p in m.parameters()
-                    if p.grad is not None)
-        opts = [self.updater.opt] + ([self.updater.critic_opt] if self.updater.critic_opt is not None else [])
-        state = sum(_local(v).numel() * v.element_size() for o in opts for s in o.state.values()
-                    for v in s.values() if torch.is_tensor(v))
-        mib = 1 << 20
-        return {"params_mib": params / mib, "grads_mib": grads / mib, "optimizer_mib": state / mib}
+        """This rank's parameters, gradients and optimiser state (its shards), in MiB."""
+        from compactrl.training.learner import state_mib
+
+        return state_mib(self.policy, self.critic, self.updater)
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
@@ -246,9 +236,27 @@ class RankWorker:
 
 class RayRanks:
     """``ranks`` :class:`RankWorker` actors in one placement group (one CPU each; one GPU each where the
-    cluster has them); the trainer's process calls them all."""
+    cluster has them); the trainer's process calls them all. Without a running Ray, a private local
+    one (as ``compactrl train --ray`` starts) is started here and stopped by :meth:`close`."""
 
     def __init__(self, cfg: TrainConfig, weights: dict[str, torch.Tensor]) -> None:
+        import contextlib
+
+        import ray
+
+        self._own_ray = contextlib.ExitStack()
+        if not ray.is_initialized():
+            from compactrl.distributed import local_ray
+
+            log.info("learner.ranks=%d: starting a local Ray for the ranks", cfg.learner.ranks)
+            self._own_ray.enter_context(local_ray(max(cfg.learner.ranks, os.cpu_count() or 1)))
+        try:
+            self._start(cfg, weights)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, cfg: TrainConfig, weights: dict[str, torch.Tensor]) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -259,22 +267,17 @@ class RayRanks:
         self.pg = placement_group([bundle] * n, strategy="PACK")
         timeout = cfg.learner.start_timeout_s
         if not self.pg.wait(timeout):
-            ray.util.remove_placement_group(self.pg)
             raise RuntimeError(f"learner.ranks={n}: Ray could not place {n} rank(s) of {bundle} within "
                                f"learner.start_timeout_s={timeout:g} s (it has {ray.available_resources()})")
         actor = ray.remote(num_cpus=1, num_gpus=gpus)(RankWorker)
         env = {"OMP_NUM_THREADS": str(max(1, cfg.threads // n))}
         self.actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, i),
                                      runtime_env={"env_vars": env}).remote() for i in range(n)]
-        try:
-            init = ray.get(self.actors[0].rendezvous.remote(), timeout=timeout)
-            ref = ray.put(weights)
-            cfg_json = cfg.to_json()
-            ray.get([a.setup.remote(cfg_json, i, n, init, ref if i == 0 else None) for i, a in enumerate(self.actors)],
-                    timeout=timeout)
-        except BaseException:
-            self.close()
-            raise
+        init = ray.get(self.actors[0].rendezvous.remote(), timeout=timeout)
+        ref = ray.put(weights)
+        cfg_json = cfg.to_json()
+        ray.get([a.setup.remote(cfg_json, i, n, init, ref if i == 0 else None) for i, a in enumerate(self.actors)],
+                timeout=timeout)
 
     def call(self, method: str, *args: Any) -> Any:
         import ray
@@ -295,6 +298,7 @@ class RayRanks:
         if getattr(self, "pg", None) is not None:
             ray.util.remove_placement_group(self.pg)
             self.pg = None
+        self._own_ray.close()
 
 
 class TorchrunRanks:

@@ -197,14 +197,16 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: Any = None,
-          iterations: int | None = None) -> TrainResult:
+          iterations: int | None = None, learner: dict[str, Any] | None = None) -> TrainResult:
     """Run (or resume) a training run into ``out``; see the module docstring for the loop.
 
     A resumed run uses the configuration stored in ``out``; ``iterations`` (resume only) changes
-    its ``rl.iterations``, so a finished run can be extended (its last checkpoint is the start).
+    its ``rl.iterations``, so a finished run can be extended (its last checkpoint is the start), and
+    ``learner`` (resume only: ``learner.ranks``, ``learner.launcher``) its learner's ranks (a checkpoint
+    saved at N ranks loads at M).
     """
     t_start = time.perf_counter()
-    cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations)
+    cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations, learner=learner)
     r = setup(cfg, run, progress, t_start)
     run.record_machine(machine_stamp(), resume=resume)  # after setup: it sets the thread count
     try:
@@ -251,10 +253,12 @@ def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, 
 
 
 def open_run(cfg: TrainConfig, out: str | Path, *, resume: bool, iterations: int | None,
-             ) -> tuple[TrainConfig, RunDir, dict[str, Any] | None]:
+             learner: dict[str, Any] | None = None) -> tuple[TrainConfig, RunDir, dict[str, Any] | None]:
     """The run directory (created, or checked and read back on resume), its config and last checkpoint."""
     if iterations is not None and not resume:
         raise ValueError("iterations: only a resumed run takes it (set rl.iterations in the config)")
+    if learner and not resume:
+        raise ValueError("learner: only a resumed run takes it (set learner.ranks in the config)")
     run = RunDir(out)
     run.create(cfg.to_json(), resume=resume)
     if not resume:
@@ -268,6 +272,9 @@ def open_run(cfg: TrainConfig, out: str | Path, *, resume: bool, iterations: int
         if iterations < done:
             raise ValueError(f"rl.iterations: the run has already done {done} iterations, got {iterations}")
         cfg = override(cfg, {"rl.iterations": iterations})
+        run.write_config(cfg.to_json())
+    if learner and any(cfg.to_dict()["learner"][k.split(".", 1)[1]] != v for k, v in learner.items()):
+        cfg = override(cfg, learner)
         run.write_config(cfg.to_json())
     return cfg, run, state
 
