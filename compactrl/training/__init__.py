@@ -1,5 +1,6 @@
 """Training: the configuration tree (:mod:`.config`), the loop (:mod:`.trainer`) with its phases
-(:mod:`.sft`, :mod:`.update`), where batches come from (:mod:`.rollouts`), the run directory
+(:mod:`.sft`, :mod:`.update`), the learner in one process or on FSDP2 ranks (:mod:`.learner`,
+:mod:`.ranks`), where batches come from (:mod:`.rollouts`), the run directory
 (:mod:`.run_dir`) and ``compactrl train`` (:mod:`.cli`). The maths it runs (advantages, losses, packing)
 is in :mod:`compactrl.algos`.
 
@@ -21,6 +22,8 @@ _EXPORTS = {
     "make_rollouts": "compactrl.training.rollouts",
     "RunDir": "compactrl.training.run_dir",
     "Updater": "compactrl.training.update",
+    "Learner": "compactrl.training.learner",
+    "make_learner": "compactrl.training.learner",
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -36,7 +36,8 @@ from compactrl.training.update import Shard, Updater
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RankWorker", "RayRanks", "TorchrunRanks", "follow", "free_port", "under_torchrun"]
+__all__ = ["RankWorker", "RayRanks", "TorchrunRanks", "follow", "free_port", "under_torchrun", "mixed_precision_policy",
+           "shard_module"]
 
 def under_torchrun() -> bool:
     """Whether this process was started by ``torchrun`` (its rendezvous variables are set)."""
@@ -50,7 +51,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _mixed_precision(cfg: TrainConfig, cuda: bool):
+def mixed_precision_policy(cfg: TrainConfig, cuda: bool):
+    """FSDP2's mixed precision for ``learner.mixed_precision``: bf16 parameters and fp32 gradient reduction
+    where asked (``auto``: on CUDA), else full precision."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     want = cfg.learner.mixed_precision
@@ -123,7 +126,7 @@ class RankWorker:
                     t.copy_(weights[name])
                 dist.broadcast(t, src=0)
         critic = build_critic(cfg, policy)
-        mp = _mixed_precision(cfg, cuda)
+        mp = mixed_precision_policy(cfg, cuda)
         shard_module(policy, policy.model.base_model.layers, mp, methods=("log_prob",))
         if critic is not None:
             shard_module(critic, critic.trunk.layers, mp, methods=("value",))

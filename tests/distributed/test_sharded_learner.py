@@ -171,3 +171,36 @@ def test_a_sync_fills_the_sampling_copy_and_a_corrupted_bucket_is_caught(ray_clu
         assert sink.version == 1  # the corrupted weights reached no engine
     finally:
         sharded.close()
+
+
+def test_mixed_precision_is_bf16_where_asked_or_on_cuda():
+    from compactrl.training.learner import probe_tolerance
+    from compactrl.training.ranks import mixed_precision_policy
+
+    for setting, cuda, dtype in [("auto", False, None), ("auto", True, torch.bfloat16), ("none", True, None),
+                                 ("bf16", False, torch.bfloat16)]:
+        cfg = _cfg(**{"learner.mixed_precision": setting})
+        mp = mixed_precision_policy(cfg, cuda)
+        assert mp.param_dtype == dtype and mp.reduce_dtype in (None, torch.float32)
+    assert probe_tolerance(_cfg(**{"learner.mixed_precision": "bf16"})) > probe_tolerance(
+        _cfg(**{"learner.mixed_precision": "none"}))
+    with pytest.raises(ValueError, match="learner.mixed_precision"):
+        _cfg(**{"learner.mixed_precision": "fp8"})
+
+
+def test_ranks_that_cannot_be_placed_fail_within_the_start_timeout(ray_cluster):
+    import time
+
+    from compactrl.tokenizer import shared_tokenizer
+    from compactrl.training.learner import make_learner
+    from compactrl.training.rollouts import build_policy
+
+    cfg = _cfg(**{"learner.ranks": 3, "learner.start_timeout_s": 2.0})  # the tests' Ray has 2 CPUs
+    policy, _ = build_policy(cfg, shared_tokenizer())
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"learner.ranks=3.*learner.start_timeout_s=2"):
+        make_learner(cfg, policy, None)
+    assert time.monotonic() - t0 < 30
+    import ray
+
+    assert ray.available_resources().get("CPU", 0) == 2  # the placement group was removed

@@ -28,6 +28,12 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "rollout.engine": "tests/vllm/test_train.py::test_smoke_run_on_the_engine_survives_a_killed_engine",
     "rollout.engine_dtype": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
     "rollout.engine_sync_tolerance": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
+    # a probe would start learner ranks (a Ray, or torchrun): observed where they are started
+    "learner.ranks": "tests/distributed/test_sharded_learner.py::test_two_ranks_give_one_process_gradients_and_parameters",
+    "learner.launcher": "tests/vllm/test_sharded_sync.py::test_a_smoke_run_with_two_learner_ranks_and_the_engine_finishes_clean",
+    "learner.sync_bucket_mb": "tests/distributed/test_sharded_learner.py::test_a_sync_fills_the_sampling_copy_and_a_corrupted_bucket_is_caught",
+    "learner.mixed_precision": "tests/distributed/test_sharded_learner.py::test_mixed_precision_is_bf16_where_asked_or_on_cuda",
+    "learner.start_timeout_s": "tests/distributed/test_sharded_learner.py::test_ranks_that_cannot_be_placed_fail_within_the_start_timeout",
 }
 
 # the smoke env rarely compacts: demonstrations whose summaries matter need the main job's env
