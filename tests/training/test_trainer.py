@@ -103,17 +103,35 @@ def test_existing_run_dir_is_not_overwritten(tmp_path):
         train(_smoke(), tmp_path / "run")
 
 
-@pytest.mark.timeout(400)
-def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
+def _marked_alive(mark: str) -> list[int]:
+    """Live processes whose environment holds ``COMPACTRL_TEST_KILLED_RUN=mark``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            entries = (d / "environ").read_bytes().split(b"\0") if d.name.isdigit() else []
+            if f"COMPACTRL_TEST_KILLED_RUN={mark}".encode() in entries:
+                if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("ranks", [(1, 1), (2, 1)], ids=["one-process", "2-ranks-resumed-at-1"])
+def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path, ranks):
     """SIGKILL a CLI run mid-way (after iteration 2's row), then --resume it to two iterations past its checkpoint.
 
     The run is started with far more iterations than it can do within the test's timeout, so the kill
-    always lands in a running run: there is no race with a run that ends on its own.
+    always lands in a running run: there is no race with a run that ends on its own. The 2-rank run's
+    learner (ranks on the local Ray it started) is resumed at 1 rank from its sharded checkpoint; every
+    process the killed run started ends (Ray's own agents notice their node is gone within ~2 minutes).
     """
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "compactrl.cli", "train", "--preset", "smoke", "--out", str(out),
-           "--no-progress", "--rl.iterations", "1000", "--eval.every", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+           "--no-progress", "--rl.iterations", "1000", "--eval.every", "2", "--learner.ranks", str(ranks[0])]
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COMPACTRL_TEST_KILLED_RUN": mark}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 200
     try:
@@ -133,8 +151,9 @@ def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
     assert 2 <= covered <= len(killed_rows)
     target = covered + 1  # the checkpoint holds iterations 0 .. covered - 1: two more
     resumed = subprocess.run([sys.executable, "-m", "compactrl.cli", "train", "--resume", "--out", str(out),
-                              "--no-progress", "--rl.iterations", str(target)],
-                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                              "--no-progress", "--rl.iterations", str(target), "--learner.ranks", str(ranks[1])],
+                             cwd=REPO, env={**env, "COMPACTRL_TEST_KILLED_RUN": mark + "-resume"},
+                             capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     rows = RunDir(out).rows()
     assert [r["iteration"] for r in rows] == list(range(target + 1))
@@ -144,6 +163,12 @@ def test_killed_run_resumes_with_no_lost_or_duplicated_rows(tmp_path):
     # each start is stamped: the first run and the resume, in that order
     assert [m["resume"] for m in RunDir(out).machines()] == [False, True]
     assert "## Machine and software (resume 1)" in (out / "report.md").read_text()
+    assert json.loads((out / "config.json").read_text())["learner"]["ranks"] == ranks[1]
+    assert [p.name for p in (out / "learner").iterdir()] == [f"iter-{target:06d}"]
+    deadline = time.monotonic() + 180
+    while _marked_alive(mark) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _marked_alive(mark) == [], "a process of the killed run outlived it"
 
 
 @pytest.mark.timeout(300)
