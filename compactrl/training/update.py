@@ -56,7 +56,9 @@ class Shard:
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+            y = x.to(self._comm_device())
+            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.group)
+            x.copy_(y)
         return x
 
     def max_count(self, n: int) -> int:
@@ -65,9 +67,17 @@ class Shard:
             return n
         import torch.distributed as dist
 
-        t = torch.tensor([n], dtype=torch.int64)
+        t = torch.tensor([n], dtype=torch.int64, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t)
+
+    def _comm_device(self) -> torch.device:
+        """Where the collectives' tensors must live: the current CUDA device under NCCL, else the CPU."""
+        import torch.distributed as dist
+
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
 
 SINGLE = Shard()
