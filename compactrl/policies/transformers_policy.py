@@ -116,7 +116,9 @@ def enable_activation_checkpointing(model: nn.Module, enable: bool = True) -> No
     the backward recomputes each layer's activations instead of keeping them. Engaged only where
     :func:`checkpointing_engaged` runs the forward (see there)."""
     if not enable:
-        if getattr(model, "is_gradient_checkpointing", False):
+        if hasattr(model, "activation_checkpointing_disable"):
+            model.activation_checkpointing_disable()
+        else:
             model.gradient_checkpointing_disable()
         return
     kwargs = {"use_reentrant": False}
