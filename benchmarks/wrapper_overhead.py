@@ -140,8 +140,8 @@ def long_main(args, actions) -> int:
     lines = [f"# ContextBudget cost per step up to {max(args.marks):,} tokens", "",
              f"`{command}`; {before['cpu']}, avx512f {'yes' if before['avx512f'] else 'no'}; "
              f"load before: `{before['uptime']}`, after: `{after}`.", "",
-             f"One ordinary step (12-line tool output) at each context size, the context grown between marks "
-             f"with {args.grow_lines}-line tool outputs; the inner env's time excluded. Medians (p90) over the "
+             f"One ordinary step (12-line tool output, ~250 tokens with the response) at each context size, "
+             f"the context grown between marks with {args.grow_lines}-line tool outputs; the inner env's time excluded. Medians (p90) over the "
              "steps; messages: the observation's length there.", "",
              "| action | context tokens | messages | steps | wrapper µs/step (median) | p90 |",
              "|---|---|---|---|---|---|"]
