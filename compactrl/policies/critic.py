@@ -66,6 +66,8 @@ class ValueModel(nn.Module):
         trunk = _trunk_of(model)
         if not share_trunk:
             trunk = copy.deepcopy(trunk)
+            if not activation_checkpointing:  # the copy would keep a checkpointed policy's setting
+                enable_activation_checkpointing(trunk, False)
         return cls(trunk, int(model.config.hidden_size), share_trunk=share_trunk, head_init_std=head_init_std,
                    head_bias=head_bias, activation_checkpointing=activation_checkpointing)
 

@@ -114,8 +114,10 @@ def _selected_token_log_probs(head: nn.Module, hidden: torch.Tensor, tokens: tor
 def enable_activation_checkpointing(model: nn.Module, enable: bool = True) -> None:
     """Hugging Face activation checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``):
     the backward recomputes each layer's activations instead of keeping them. Engaged only where
-    :func:`checkpointing_engaged` runs the forward (see there)."""
+    :func:`checkpointing_engaged` runs the forward (see there). ``enable=False`` switches it off again."""
     if not enable:
+        if not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+            return
         if hasattr(model, "activation_checkpointing_disable"):
             model.activation_checkpointing_disable()
         else:

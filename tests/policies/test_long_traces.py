@@ -194,6 +194,9 @@ def test_critic_activation_checkpointing_gives_the_same_gradients(tokenizer):
     for name, g in grads[0][1].items():
         assert torch.allclose(g, grads[1][1][name], atol=1e-6, rtol=1e-4), name
     assert not _checkpointed(policy.model) and _checkpointed(critics[1].trunk)  # the copied trunk is the critic's
+    checkpointed_policy = _policy(tokenizer, activation_checkpointing=True)
+    assert not _checkpointed(ValueModel.from_policy(checkpointed_policy).trunk)
+    assert _checkpointed(checkpointed_policy.model)
 
 
 def _step_memory(policy, tokens, mask, vocab: int) -> tuple[int, int]:
