@@ -83,11 +83,9 @@ def shift_token_log_probs(
     ``chunk > 0`` runs the log-softmax over at most ``chunk`` positions at a time (the logits
     themselves are the caller's; :meth:`TransformersPolicy.log_prob` avoids materialising them).
     """
-    if chunk > 0:
-        n, length, vocab = logits.shape
-        lp, ent = chunked_log_probs(None, logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1), sampling,
-                                    chunk)
-        token_lp, entropy = lp.view(n, length - 1), ent.view(n, length - 1)
+    if chunk > 0:  # row by row: ``logits[i, :-1]`` is a view, where flattening the batch would copy it
+        rows = [chunked_log_probs(None, logits[i, :-1], tokens[i, 1:], sampling, chunk) for i in range(len(logits))]
+        token_lp, entropy = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
     else:
         logp = sampling_log_probs(logits[:, :-1], sampling)
         token_lp = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
