@@ -172,6 +172,14 @@ def test_activation_checkpointing_gives_the_same_gradients(tokenizer, arch):
     for chunk in (0, 9):
         plain.logprob_chunk_tokens = checkpointed.logprob_chunk_tokens = chunk
         _assert_same(_values_and_grads(plain, tokens, mask, select), _values_and_grads(checkpointed, tokens, mask, select))
+    auxes = []
+    for policy in (plain, checkpointed):  # the MoE load-balancing loss is recorded once, not again in the recompute
+        policy.model.zero_grad(set_to_none=True)
+        lp, _, aux = policy.log_prob(tokens, mask, return_aux_loss=True)
+        (lp.sum() + 10 * aux).backward()
+        auxes.append((aux.detach(), [p.grad.clone() for p in policy.model.parameters() if p.grad is not None]))
+    assert torch.allclose(auxes[0][0], auxes[1][0]) and len(auxes[0][1]) == len(auxes[1][1])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(auxes[0][1], auxes[1][1]))
     # it engaged: the decoder layers kept only their inputs, and every module is back in eval mode
     saved_plain = _saved_tensor_count(lambda: plain.log_prob(tokens, mask))
     saved_ckpt = _saved_tensor_count(lambda: checkpointed.log_prob(tokens, mask))
