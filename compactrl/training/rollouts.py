@@ -259,7 +259,9 @@ def build_policy(cfg: TrainConfig, tokenizer):
         model = tiny_moe(m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_experts=m.num_experts,
                          experts_per_token=m.experts_per_token, seed=m.init_seed)
     common = dict(max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
-    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common)
+    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common,
+                                logprob_chunk_tokens=cfg.learner.logprob_chunk_tokens,
+                                activation_checkpointing=cfg.learner.activation_checkpointing)
     eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
                                      **common)
     return policy, eval_policy
