@@ -118,7 +118,7 @@ def _padded(parts: list, batch: TensorDict, shard: Shard) -> list:
 def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE) -> torch.Tensor:
     """``V`` at every position of ``batch``, computed over packed micro-batches (each rank its share of the
     rows, the whole result summed over the ranks)."""
-    out = torch.zeros(batch["tokens"].shape, dtype=torch.float32)
+    out = torch.zeros(batch["tokens"].shape, dtype=torch.float32, device=batch["tokens"].device)
     lengths = row_lengths(batch["attention_mask"])
     mine = rank_rows(lengths, shard)
     packs = [mine[rows] for rows in pack_rows(lengths[mine], micro_batch_tokens)] if mine.numel() else []
