@@ -238,8 +238,8 @@ class _FakeCollector:
 
 
 def probe_pretrain(cfg: TrainConfig) -> Any:
-    from compactrl.training.rollouts import CollectorRollouts
     from compactrl.training.learner import LocalLearner
+    from compactrl.training.rollouts import CollectorRollouts
 
     policy, _ = _policy(cfg)
     critic = T.build_critic(cfg, policy)
