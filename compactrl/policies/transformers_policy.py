@@ -28,6 +28,7 @@ from compactrl.policies.sampling import (
     sampling_log_probs,
     to_token_response,
 )
+from compactrl.policies.routing import GenerationRoutes, RouteRecorder
 from compactrl.types import PolicyRequest
 
 logger = logging.getLogger(__name__)
@@ -130,9 +131,23 @@ def generate_tokens(
     ids, mask = _left_pad(prompts, pad_id, device)
     positions = positions_from_mask(mask)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=1)
-    rows = torch.arange(len(prompts), device=device)  # original index of each live batch row
+    with RouteRecorder(model) as recorder:
+        routes = GenerationRoutes(recorder, [len(p) for p in prompts])
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True, logits_to_keep=1)
+        routes.prefill(*ids.shape)
+        _decode(model, out, cache, results, routes, mask, positions, budget, stop, sampling=sampling,
+                generator=generator, top_logprobs=top_logprobs, report=report)
+    for i, res in enumerate(results):
+        res.routed_experts = routes.row(i, len(res.token_ids))
+    return results
+
+
+def _decode(model, out, cache, results, routes, mask, positions, budget, stop, *, sampling, generator,
+            top_logprobs, report) -> None:
+    """The decode loop of :func:`generate_tokens` (fills ``results`` and ``routes`` in place)."""
+    device = mask.device
+    rows = torch.arange(len(results), device=device)  # original index of each live batch row
     next_pos = positions[:, -1] + 1
     live = budget > 0
     step = 0
@@ -166,8 +181,8 @@ def generate_tokens(
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                     cache=cache, use_cache=True)
+        routes.decode(rows.tolist())
         next_pos = next_pos + 1
-    return results
 
 
 # --------------------------------------------------------------------------------------------------

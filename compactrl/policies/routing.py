@@ -1,0 +1,279 @@
+"""MoE routes: record the experts each token was routed to, replay them in the learner, and count
+where two computations disagree.
+
+The seam is the router module of each MoE layer. In transformers 5.x a router's ``forward`` returns
+``(router_logits, topk_weights, topk_indices)`` and the MoE block hands the indices and weights to its
+experts; a forward hook on the router sees all three and may return replacements.
+
+* :class:`RouteRecorder` records ``topk_indices`` of every router at every forward.
+* :func:`replay_routes` (a context manager) makes every router use given expert ids while the gate
+  weights are recomputed from the model's own router logits for exactly those experts, the way the
+  router computes them (so the router still gets gradients):
+
+  - ``sigmoid`` (``glm4_moe``, ``glm4_moe_lite``, ``glm_moe_dsa``): ``s = sigmoid(logits)``; the
+    correction bias only chooses experts, so it plays no part; ``w = s[ids]``, divided by
+    ``sum(w) + 1e-20`` when ``norm_topk_prob``, times ``routed_scaling_factor``;
+  - ``softmax`` (``qwen3_moe``): ``p = softmax(logits)`` in float32, ``w = p[ids]``, divided by
+    ``sum(w)`` when ``norm_topk_prob``, cast to the logits' dtype;
+  - ``softmax_renorm`` (``mixtral``): ``p = softmax(logits.float())``, ``w = p[ids] / sum(p[ids])``.
+
+A *route* is one token's expert ids, ``[moe_layers, k]`` (MoE layers in model order; dense layers such
+as GLM's ``first_k_dense_replace`` ones have no router and no entry). Routes are stored compactly:
+``uint8`` while ids fit below the sentinel 255, else ``int16`` with sentinel -1. The sentinel marks a
+token without a route (padding, a token the sampler never ran through the model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+#: router class name -> how its gate weights are computed (see the module doc)
+ROUTER_KINDS: dict[str, str] = {
+    "Glm4MoeTopkRouter": "sigmoid",
+    "Glm4MoeLiteTopkRouter": "sigmoid",
+    "GlmMoeDsaTopkRouter": "sigmoid",
+    "DeepseekV3TopkRouter": "sigmoid",
+    "Qwen3MoeTopKRouter": "softmax",
+    "MixtralTopKRouter": "softmax_renorm",
+}
+
+UINT8_NO_ROUTE = 255
+INT16_NO_ROUTE = -1
+
+
+def moe_routers(model: nn.Module) -> list[nn.Module]:
+    """The model's router modules in layer order (empty for a dense model)."""
+    return [m for m in model.modules() if type(m).__name__ in ROUTER_KINDS]
+
+
+def num_experts(model: nn.Module) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+               or getattr(cfg, "n_routed_experts", 0))
+
+
+def route_dtype(experts: int) -> np.dtype:
+    """``uint8`` when every id lies below the sentinel 255, else ``int16``."""
+    return np.dtype(np.uint8) if experts <= UINT8_NO_ROUTE else np.dtype(np.int16)
+
+
+def no_route(dtype) -> int:
+    """The sentinel of a route dtype (numpy or torch): 255 for uint8, -1 otherwise."""
+    return UINT8_NO_ROUTE if str(dtype).endswith("uint8") else INT16_NO_ROUTE
+
+
+def compact_routes(routes: Any, experts: int | None = None) -> np.ndarray:
+    """``[T, layers, k]`` routes (nested lists, numpy or torch; negative ids meaning no route) as a compact
+    numpy array; the dtype follows ``experts`` when given, else the largest id."""
+    arr = routes.detach().cpu().numpy() if isinstance(routes, torch.Tensor) else np.asarray(routes)
+    if arr.ndim != 3:
+        raise ValueError(f"routes: expected [tokens, layers, k], got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        missing = arr == UINT8_NO_ROUTE
+    else:
+        arr = arr.astype(np.int64)
+        missing = arr < 0
+    top = int(arr[~missing].max()) + 1 if (~missing).any() else 0
+    dtype = route_dtype(max(top, experts or 0))
+    out = arr.astype(dtype)
+    out[missing] = no_route(dtype)
+    return out
+
+
+def route_mask(routes: torch.Tensor) -> torch.Tensor:
+    """``[..., layers, k]`` routes -> ``[...]`` bool: the token has a route (no sentinel anywhere)."""
+    sentinel = no_route(routes.dtype)
+    return (routes != sentinel).all(-1).all(-1)
+
+
+class RouteRecorder:
+    """Forward hooks that keep the expert ids of each router's latest forward.
+
+    ``with RouteRecorder(model) as rec: model(...); routes = rec.take(batch, seq)`` gives the routes of
+    that forward as ``[batch, seq, layers, k]`` int64. A model without routers records nothing
+    (``rec.active`` is False and :meth:`take` returns None).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.routers = moe_routers(model)
+        self.experts = num_experts(model) if self.routers else 0
+        self._last: list[torch.Tensor | None] = [None] * len(self.routers)
+        self._handles: list[Any] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self.routers)
+
+    def __enter__(self) -> RouteRecorder:
+        for layer, router in enumerate(self.routers):
+            self._handles.append(router.register_forward_hook(self._hook(layer)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _hook(self, layer: int):
+        def hook(_module, _inputs, output):
+            self._last[layer] = output[2].detach()
+
+        return hook
+
+    def take(self, batch: int, seq: int) -> torch.Tensor | None:
+        """The routes of the latest forward, ``[batch, seq, layers, k]`` (int64), and forget them."""
+        if not self.active:
+            return None
+        if any(x is None for x in self._last):
+            raise RuntimeError("RouteRecorder.take: a router did not run in the latest forward")
+        out = torch.stack([x.reshape(batch, seq, -1) for x in self._last], dim=2)
+        self._last = [None] * len(self.routers)
+        return out
+
+
+class GenerationRoutes:
+    """Routes of a batched KV-cached generation, gathered per prompt: the prefill gives the prompt
+    tokens' routes (left padding dropped), each decode step one token's. :meth:`row` gives a prompt's
+    ``[prompt + generated, layers, k]`` compact array; a generated token never fed back (the last one,
+    when generation stopped) holds the sentinel."""
+
+    def __init__(self, recorder: RouteRecorder, prompt_lens: Sequence[int]) -> None:
+        self.recorder = recorder
+        self.prompt_lens = list(prompt_lens)
+        self.parts: list[list[torch.Tensor]] = [[] for _ in prompt_lens]
+
+    def prefill(self, batch: int, width: int) -> None:
+        routes = self.recorder.take(batch, width)
+        if routes is not None:
+            for i, n in enumerate(self.prompt_lens):
+                self.parts[i].append(routes[i, width - n:])
+
+    def decode(self, rows: Sequence[int]) -> None:
+        routes = self.recorder.take(len(rows), 1)
+        if routes is not None:
+            for j, r in enumerate(rows):
+                self.parts[r].append(routes[j])
+
+    def row(self, i: int, generated: int) -> np.ndarray | None:
+        if not self.recorder.active:
+            return None
+        have = torch.cat(self.parts[i]).cpu().numpy()
+        out = np.full((self.prompt_lens[i] + generated, *have.shape[1:]), -1, dtype=np.int64)
+        out[:len(have)] = have[:len(out)]
+        return compact_routes(out, self.recorder.experts)
+
+
+# --------------------------------------------------------------------------------------------------
+# replay
+
+
+def replay_weights(router: nn.Module, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Gate weights of experts ``ids`` (``[tokens, k]``) from ``logits``, as ``router`` computes them."""
+    kind = ROUTER_KINDS[type(router).__name__]
+    if kind == "sigmoid":
+        w = logits.float().sigmoid().gather(1, ids)
+        if router.norm_topk_prob:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return w * router.routed_scaling_factor
+    probs = torch.softmax(logits.float(), dim=-1)
+    w = probs.gather(1, ids)
+    if kind == "softmax_renorm" or router.norm_topk_prob:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w.to(logits.dtype) if kind == "softmax" else w
+
+
+@contextlib.contextmanager
+def replay_routes(model: nn.Module, routes: torch.Tensor | None) -> Iterator[None]:
+    """Inside, every forward of ``model`` over ``[N, L]`` tokens routes with ``routes`` (``[N, L, layers,
+    k]``): where a token has a route, the router's ids are replaced by it and the weights recomputed
+    (:func:`replay_weights`); where it has none (sentinel), the router's own choice stands.
+    ``routes=None`` or a dense model: no change."""
+    routers = moe_routers(model)
+    if routes is None or not routers:
+        yield
+        return
+    if routes.shape[-2] != len(routers):
+        raise ValueError(f"routed_experts has {routes.shape[-2]} MoE layers, the model has {len(routers)}")
+    flat = routes.reshape(-1, routes.shape[-2], routes.shape[-1])
+    have = route_mask(flat)
+    ids_all = flat.long()
+
+    def hook_for(layer: int):
+        def hook(router, _inputs, output):
+            logits, _w, own = output
+            if own.shape[0] != flat.shape[0]:
+                raise ValueError(f"replay_routes: the forward routed {own.shape[0]} tokens, routes hold "
+                                 f"{flat.shape[0]}")
+            ids = torch.where(have[:, None].to(own.device), ids_all[:, layer].to(own.device), own)
+            return logits, replay_weights(router, logits, ids), ids
+
+        return hook
+
+    handles = [r.register_forward_hook(hook_for(i)) for i, r in enumerate(routers)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def forward_routes(model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The routes a full forward over ``tokens`` (``[N, L]``) takes, ``[N, L, layers, k]`` int64 (None
+    for a dense model); padding positions hold -1."""
+    with RouteRecorder(model) as rec:
+        if not rec.active:
+            return None
+        mask = attention_mask.long()
+        pos = position_ids if position_ids is not None else (mask.cumsum(-1) - 1).clamp(min=0)
+        model(input_ids=tokens, attention_mask=mask, position_ids=pos, use_cache=False)
+        routes = rec.take(*tokens.shape)
+    return routes.masked_fill(~attention_mask.bool()[..., None, None], -1)
+
+
+# --------------------------------------------------------------------------------------------------
+# disagreement
+
+
+def route_disagreement(sampled: torch.Tensor, learner: torch.Tensor, where: torch.Tensor) -> tuple[int, int]:
+    """(tokens whose expert sets differ in at least one layer, tokens compared) over positions ``where``
+    (``[N, L]`` bool) that have a route on both sides. Expert *sets* are compared: the order of the ids
+    within a layer's top-k does not count."""
+    have = where.bool() & route_mask(sampled) & (learner >= 0).all(-1).all(-1)
+    a = sampled[have].long().sort(dim=-1).values
+    b = learner[have].long().sort(dim=-1).values
+    differ = (a != b).any(-1).any(-1)
+    return int(differ.sum()), int(have.sum())
+
+
+def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = None) -> torch.Tensor | None:
+    """Per-row routes (``[T_i, layers, k]`` arrays, None where a row has none) right-padded with the
+    sentinel into one ``[N, width, layers, k]`` tensor; None when no row has routes."""
+    arrays = [None if r is None else compact_routes(r, experts) for r in rows]
+    present = [a for a in arrays if a is not None]
+    if not present:
+        return None
+    shape = present[0].shape[1:]
+    if any(a.shape[1:] != shape for a in present):
+        raise ValueError(f"routed_experts: rows disagree on [layers, k]: {sorted({a.shape[1:] for a in present})}")
+    dtype = np.dtype(np.int16) if any(a.dtype == np.int16 for a in present) else np.dtype(np.uint8)
+    out = np.full((len(rows), width, *shape), no_route(dtype), dtype=dtype)
+    for i, a in enumerate(arrays):
+        if a is not None:
+            n = min(len(a), width)
+            out[i, :n] = compact_routes(a[:n], 256 if dtype == np.int16 else None) if a.dtype != dtype else a[:n]
+    return torch.from_numpy(out)
+
+
+__all__ = [
+    "INT16_NO_ROUTE", "ROUTER_KINDS", "GenerationRoutes", "UINT8_NO_ROUTE", "RouteRecorder", "compact_routes", "forward_routes",
+    "moe_routers", "no_route", "num_experts", "replay_routes", "replay_weights", "route_disagreement",
+    "route_dtype", "route_mask", "routes_for_rows",
+]
