@@ -223,6 +223,21 @@ def replay_routes(model: nn.Module, routes: torch.Tensor | None) -> Iterator[Non
             h.remove()
 
 
+def batch_replay(module: nn.Module | None, batch: Any, enabled: bool = True):
+    """:func:`replay_routes` of ``batch["routed_experts"]`` (cut to the width of ``batch["tokens"]``) on
+    ``module``'s routers when ``enabled``, the batch has routes and ``module`` is not None; else no change."""
+    routes = batch.get("routed_experts", None) if enabled and module is not None else None
+    if routes is not None:
+        routes = routes[:, :batch["tokens"].shape[1]]
+    return replay_routes(module, routes) if routes is not None else contextlib.nullcontext()
+
+
+def critic_routers(critic: nn.Module) -> nn.Module | None:
+    """The module whose routers replay in the critic: its trunk when it shares the policy's (the routes
+    the sampler recorded are that trunk's), None for a separate copy (its routers are its own)."""
+    return getattr(critic, "trunk", None) if getattr(critic, "share_trunk", False) else None
+
+
 @torch.no_grad()
 def forward_routes(model: nn.Module, tokens: torch.Tensor, attention_mask: torch.Tensor,
                    position_ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -253,6 +268,28 @@ def route_disagreement(sampled: torch.Tensor, learner: torch.Tensor, where: torc
     return int(differ.sum()), int(have.sum())
 
 
+def route_mismatch_metrics(batch: Any, learner: torch.Tensor | None) -> dict[str, float]:
+    """The expert disagreement between the sampler's routes (``batch["routed_experts"]``) and the
+    learner's (``learner``, ``[N, L, layers, k]`` from the learner's own forward over the batch): the
+    fraction of tokens routed to a different expert set in at least one layer, over policy tokens that
+    are not summary tokens (``task``), summary tokens (``summary``) and every token both sides routed
+    (``all``: prompts and tool outputs too). A split without tokens is left out; {} without routes."""
+    sampled = batch.get("routed_experts", None)
+    if sampled is None or learner is None:
+        return {}
+    width = learner.shape[1]
+    sampled = sampled[:, :width]
+    policy, summary = batch["policy_mask"].bool(), batch["summary_mask"].bool()
+    out = {}
+    for name, where in (("task", policy & ~summary), ("summary", summary), ("all", batch["attention_mask"].bool())):
+        differ, count = route_disagreement(sampled, learner, where[:, :width])
+        if count:
+            out[f"mismatch/route_disagree_{name}"] = differ / count
+        if name == "all":
+            out["mismatch/route_tokens"] = float(count)
+    return out
+
+
 def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = None) -> torch.Tensor | None:
     """Per-row routes (``[T_i, layers, k]`` arrays, None where a row has none) right-padded with the
     sentinel into one ``[N, width, layers, k]`` tensor; None when no row has routes."""
@@ -273,7 +310,7 @@ def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = No
 
 
 __all__ = [
-    "INT16_NO_ROUTE", "ROUTER_KINDS", "GenerationRoutes", "UINT8_NO_ROUTE", "RouteRecorder", "compact_routes", "forward_routes",
+    "INT16_NO_ROUTE", "ROUTER_KINDS", "GenerationRoutes", "batch_replay", "critic_routers", "UINT8_NO_ROUTE", "RouteRecorder", "compact_routes", "forward_routes",
     "moe_routers", "no_route", "num_experts", "replay_routes", "replay_weights", "route_disagreement",
-    "route_dtype", "route_mask", "routes_for_rows",
+    "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
 ]

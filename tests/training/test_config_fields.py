@@ -34,6 +34,8 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "learner.sync_bucket_mb": "tests/distributed/test_sharded_learner.py::test_a_sync_fills_the_sampling_copy_and_a_corrupted_bucket_is_caught",
     "learner.mixed_precision": "tests/distributed/test_sharded_learner.py::test_mixed_precision_is_bf16_where_asked_or_on_cuda",
     "learner.start_timeout_s": "tests/distributed/test_sharded_learner.py::test_ranks_that_cannot_be_placed_fail_within_the_start_timeout",
+    # the probes' trace batch has no routes (its policy records none): observed on a batch with routes
+    "rl.routing_replay": "tests/policies/test_routing_replay.py::test_the_routing_replay_setting_changes_the_update",
 }
 
 # the smoke env rarely compacts: demonstrations whose summaries matter need the main job's env
