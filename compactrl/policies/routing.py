@@ -25,6 +25,7 @@ token without a route (padding, a token the sampler never ran through the model)
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -290,6 +291,42 @@ def route_mismatch_metrics(batch: Any, learner: torch.Tensor | None) -> dict[str
     return out
 
 
+def merge_routes(have: np.ndarray | None, new: Any) -> np.ndarray | None:
+    """A trace's routes after a model call whose routes ``new`` cover its first ``len(new)`` positions: a
+    position keeps the route of the first call that computed it (as a prefix cache would), and takes the
+    call's route where it had none (the last sampled token of the previous response, new tokens).
+    (:class:`compactrl.wrappers.context_budget.ContextBudget` keeps its traces' routes by the same rule.)"""
+    if new is None:
+        return have
+    new = compact_routes(new)
+    if have is None or have.shape[1:] != new.shape[1:] or have.dtype != new.dtype:
+        return new.copy()
+    out, n = have.copy(), min(len(have), len(new))
+    missing = (out[:n] == no_route(out.dtype)).any(-1).any(-1)
+    out[:n][missing] = new[:n][missing]
+    return np.concatenate([out, new[len(out):]])
+
+
+def encode_routes(routes: Any) -> str | None:
+    """Routes as one short JSON-safe string, ``"<dtype>:<T>,<layers>,<k>:<base64 bytes>"`` (None stays None)."""
+    if routes is None:
+        return None
+    arr = compact_routes(routes)
+    data = base64.b64encode(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()).decode()
+    return f"{arr.dtype.name}:{','.join(map(str, arr.shape))}:{data}"
+
+
+def decode_routes(text: str | None) -> np.ndarray | None:
+    """The inverse of :func:`encode_routes`."""
+    if text is None:
+        return None
+    dtype, shape, data = text.split(":", 2)
+    if dtype not in ("uint8", "int16"):
+        raise ValueError(f"routed_experts: expected a uint8 or int16 encoding, got {dtype!r}")
+    dims = tuple(int(x) for x in shape.split(","))
+    return np.frombuffer(base64.b64decode(data), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(dims)
+
+
 def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = None) -> torch.Tensor | None:
     """Per-row routes (``[T_i, layers, k]`` arrays, None where a row has none) right-padded with the
     sentinel into one ``[N, width, layers, k]`` tensor; None when no row has routes."""
@@ -310,7 +347,8 @@ def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = No
 
 
 __all__ = [
-    "INT16_NO_ROUTE", "ROUTER_KINDS", "GenerationRoutes", "batch_replay", "critic_routers", "UINT8_NO_ROUTE", "RouteRecorder", "compact_routes", "forward_routes",
+    "GenerationRoutes", "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay",
+    "compact_routes", "critic_routers", "decode_routes", "encode_routes", "forward_routes", "merge_routes",
     "moe_routers", "no_route", "num_experts", "replay_routes", "replay_weights", "route_disagreement",
     "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
 ]
