@@ -190,6 +190,7 @@ def collected(tokenizer):
     return policy, batch
 
 
+@pytest.mark.slow  # an episode of the tiny model with compactions: ~35 s on 2 loaded cores
 def test_routes_survive_into_the_trace_batch_and_equal_the_learners(collected):
     policy, batch = collected
     routes = batch["routed_experts"]
@@ -207,6 +208,7 @@ def test_routes_survive_into_the_trace_batch_and_equal_the_learners(collected):
     assert torch.equal(routes.long()[have], learner[have])
 
 
+@pytest.mark.slow
 def test_every_mismatch_metric_is_zero_when_sampler_and_learner_are_one_computation(collected):
     from compactrl.training.rollouts import engine_mismatch, route_mismatch
 
