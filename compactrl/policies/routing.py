@@ -307,6 +307,18 @@ def merge_routes(have: np.ndarray | None, new: Any) -> np.ndarray | None:
     return np.concatenate([out, new[len(out):]])
 
 
+def prompt_and_output_routes(routes: Any, length: int) -> np.ndarray:
+    """An engine's routes of a request (vLLM's ``routed_experts``: ``[seq_len, layers, k]`` over the prompt and
+    the output, which may stop one short: the last sampled token is never run) as the compact
+    ``[prompt + output, layers, k]`` array :class:`~compactrl.policies.sampling.Generated` carries, the
+    sentinel where the engine gave none."""
+    arr = compact_routes(routes)
+    if len(arr) > length:
+        raise ValueError(f"routed_experts: {len(arr)} routes for a request of {length} tokens")
+    pad = np.full((length - len(arr), *arr.shape[1:]), no_route(arr.dtype), dtype=arr.dtype)
+    return np.concatenate([arr, pad])
+
+
 def encode_routes(routes: Any) -> str | None:
     """Routes as one short JSON-safe string, ``"<dtype>:<T>,<layers>,<k>:<base64 bytes>"`` (None stays None)."""
     if routes is None:
@@ -349,6 +361,6 @@ def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = No
 __all__ = [
     "GenerationRoutes", "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay",
     "compact_routes", "critic_routers", "decode_routes", "encode_routes", "forward_routes", "merge_routes",
-    "moe_routers", "no_route", "num_experts", "replay_routes", "replay_weights", "route_disagreement",
+    "moe_routers", "no_route", "num_experts", "prompt_and_output_routes", "replay_routes", "replay_weights", "route_disagreement",
     "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
 ]

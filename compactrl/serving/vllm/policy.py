@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from compactrl.policies.moe_weights import buckets, checkpoint_weights
+from compactrl.policies.routing import prompt_and_output_routes
 from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
@@ -212,7 +213,7 @@ class VLLMPolicy:
             ids = o["token_ids"]
             out[i] = Generated(ids, o["log_probs"], bool(ids) and ids[-1] in stops)
             if "routed_experts" in o:  # [tokens, layers, top-k] expert ids (enable_return_routed_experts)
-                out[i].routed_experts = o["routed_experts"]
+                out[i].routed_experts = prompt_and_output_routes(o["routed_experts"], len(prompts[i]) + len(ids))
         return out
 
     def score(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> list[list[float]]:
