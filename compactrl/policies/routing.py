@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -97,13 +98,17 @@ class RouteRecorder:
     """Forward hooks that keep the expert ids of each router's latest forward.
 
     ``with RouteRecorder(model) as rec: model(...); routes = rec.take(batch, seq)`` gives the routes of
-    that forward as ``[batch, seq, layers, k]`` int64. A model without routers records nothing
-    (``rec.active`` is False and :meth:`take` returns None).
+    that forward as ``[batch, seq, layers, k]`` int64; ``keep_all=True`` also keeps every forward's
+    (``forwards``). A model without routers records nothing (``rec.active`` is False and :meth:`take`
+    returns None).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, keep_all: bool = False) -> None:
         self.routers = moe_routers(model)
         self.experts = num_experts(model) if self.routers else 0
+        self.keep_all = keep_all
+        self.forwards: list[list[torch.Tensor]] = []
+        """With ``keep_all``: every forward's ids, ``[layer][tokens, k]`` (int64, on the CPU), in order."""
         self._last: list[torch.Tensor | None] = [None] * len(self.routers)
         self._handles: list[Any] = []
 
@@ -123,7 +128,12 @@ class RouteRecorder:
 
     def _hook(self, layer: int):
         def hook(_module, _inputs, output):
-            self._last[layer] = output[2].detach()
+            ids = output[2].detach()
+            self._last[layer] = ids
+            if self.keep_all:
+                if layer == 0:
+                    self.forwards.append([])
+                self.forwards[-1].append(ids.cpu())
 
         return hook
 
@@ -138,36 +148,53 @@ class RouteRecorder:
         return out
 
 
-class GenerationRoutes:
-    """Routes of a batched KV-cached generation, gathered per prompt: the prefill gives the prompt
-    tokens' routes (left padding dropped), each decode step one token's. :meth:`row` gives a prompt's
-    ``[prompt + generated, layers, k]`` compact array; a generated token never fed back (the last one,
-    when generation stopped) holds the sentinel."""
+def records_routes(generate):
+    """Decorates :func:`compactrl.policies.transformers_policy.generate_tokens`: its results get their
+    ``routed_experts``, ``[len(prompt) + len(generated), moe_layers, k]``.
 
-    def __init__(self, recorder: RouteRecorder, prompt_lens: Sequence[int]) -> None:
-        self.recorder = recorder
-        self.prompt_lens = list(prompt_lens)
-        self.parts: list[list[torch.Tensor]] = [[] for _ in prompt_lens]
+    The routers' forwards during the generation are, in order: the prefill over the left-padded
+    ``[prompts, longest prompt]`` batch (each prompt token's route; padding dropped), then one decode
+    forward per step ``s >= 1`` over the rows that drew a token at step ``s`` (those with at least ``s``
+    generated tokens, in prompt order), which routes each row's ``s``-th token. A generated token no
+    forward ran (the last one, when the generation stopped) holds the sentinel. A forward count or
+    shape that does not fit this layout is an error, not a silent misalignment.
+    """
 
-    def prefill(self, batch: int, width: int) -> None:
-        routes = self.recorder.take(batch, width)
-        if routes is not None:
-            for i, n in enumerate(self.prompt_lens):
-                self.parts[i].append(routes[i, width - n:])
+    @functools.wraps(generate)
+    def wrapper(model, prompts, *args, **kwargs):
+        with RouteRecorder(model, keep_all=True) as recorder:
+            results = generate(model, prompts, *args, **kwargs)
+        if recorder.active:
+            for res, routes in zip(results, generation_routes(recorder, prompts, results)):
+                res.routed_experts = routes
+        return results
 
-    def decode(self, rows: Sequence[int]) -> None:
-        routes = self.recorder.take(len(rows), 1)
-        if routes is not None:
-            for j, r in enumerate(rows):
-                self.parts[r].append(routes[j])
+    return wrapper
 
-    def row(self, i: int, generated: int) -> np.ndarray | None:
-        if not self.recorder.active:
-            return None
-        have = torch.cat(self.parts[i]).cpu().numpy()
-        out = np.full((self.prompt_lens[i] + generated, *have.shape[1:]), -1, dtype=np.int64)
-        out[:len(have)] = have[:len(out)]
-        return compact_routes(out, self.recorder.experts)
+
+def generation_routes(recorder: RouteRecorder, prompts: Sequence[Sequence[int]], results: Sequence[Any]
+                      ) -> list[np.ndarray]:
+    """Each prompt's routes from a generation's recorded forwards (the layout of :func:`records_routes`)."""
+    forwards = recorder.forwards
+    lengths = [len(r.token_ids) for r in results]
+    width = max(len(p) for p in prompts)
+    if not forwards or len(forwards) > max(lengths, default=0) + 1:
+        raise RuntimeError(f"records_routes: {len(forwards)} forwards for a generation of at most "
+                           f"{max(lengths, default=0)} steps")
+    layers, k = len(forwards[0]), forwards[0][0].shape[-1]
+    out = [np.full((len(p) + n, layers, k), -1, dtype=np.int64) for p, n in zip(prompts, lengths)]
+    prefill = torch.stack([x.reshape(len(prompts), width, k) for x in forwards[0]], dim=2).numpy()
+    for i, p in enumerate(prompts):
+        out[i][:len(p)] = prefill[i, width - len(p):]
+    for step, per_layer in enumerate(forwards[1:], start=1):
+        rows = [i for i, n in enumerate(lengths) if n >= step]
+        if per_layer[0].shape[0] != len(rows):
+            raise RuntimeError(f"records_routes: decode step {step} routed {per_layer[0].shape[0]} tokens, "
+                               f"{len(rows)} rows drew a token")
+        routes = torch.stack(per_layer, dim=1).numpy()
+        for j, i in enumerate(rows):
+            out[i][len(prompts[i]) + step - 1] = routes[j]
+    return [compact_routes(r, recorder.experts) for r in out]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,8 +386,8 @@ def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = No
 
 
 __all__ = [
-    "GenerationRoutes", "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay",
-    "compact_routes", "critic_routers", "decode_routes", "encode_routes", "forward_routes", "merge_routes",
-    "moe_routers", "no_route", "num_experts", "prompt_and_output_routes", "replay_routes", "replay_weights", "route_disagreement",
-    "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
+    "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay", "compact_routes",
+    "critic_routers", "decode_routes", "encode_routes", "forward_routes", "generation_routes", "merge_routes",
+    "moe_routers", "no_route", "num_experts", "prompt_and_output_routes", "records_routes", "replay_routes",
+    "replay_weights", "route_disagreement", "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
 ]

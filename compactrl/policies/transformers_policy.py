@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compactrl.policies.routing import records_routes
 from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
@@ -28,7 +29,6 @@ from compactrl.policies.sampling import (
     sampling_log_probs,
     to_token_response,
 )
-from compactrl.policies.routing import GenerationRoutes, RouteRecorder
 from compactrl.types import PolicyRequest
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[to
 
 
 @torch.no_grad()
+@records_routes
 def generate_tokens(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -116,7 +117,9 @@ def generate_tokens(
     """Sample continuations of ``prompts`` in one batch (KV cache, per-row stop and budget).
 
     Log-probs are those of ``sampling``'s distribution, or of ``report``'s when given (e.g.
-    ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model).
+    ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model). An MoE model's
+    routes of the prompt and generated tokens come with each result (``Generated.routed_experts``,
+    :func:`compactrl.policies.routing.records_routes`).
     """
     if len(prompts) != len(max_new_tokens):
         raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
@@ -131,23 +134,9 @@ def generate_tokens(
     ids, mask = _left_pad(prompts, pad_id, device)
     positions = positions_from_mask(mask)
     cache = DynamicCache(config=model.config)
-    with RouteRecorder(model) as recorder:
-        routes = GenerationRoutes(recorder, [len(p) for p in prompts])
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True, logits_to_keep=1)
-        routes.prefill(*ids.shape)
-        _decode(model, out, cache, results, routes, mask, positions, budget, stop, sampling=sampling,
-                generator=generator, top_logprobs=top_logprobs, report=report)
-    for i, res in enumerate(results):
-        res.routed_experts = routes.row(i, len(res.token_ids))
-    return results
-
-
-def _decode(model, out, cache, results, routes, mask, positions, budget, stop, *, sampling, generator,
-            top_logprobs, report) -> None:
-    """The decode loop of :func:`generate_tokens` (fills ``results`` and ``routes`` in place)."""
-    device = mask.device
-    rows = torch.arange(len(results), device=device)  # original index of each live batch row
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    rows = torch.arange(len(prompts), device=device)  # original index of each live batch row
     next_pos = positions[:, -1] + 1
     live = budget > 0
     step = 0
@@ -181,8 +170,8 @@ def _decode(model, out, cache, results, routes, mask, positions, budget, stop, *
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
                     cache=cache, use_cache=True)
-        routes.decode(rows.tolist())
         next_pos = next_pos + 1
+    return results
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ def _model(arch):
     return cached_tiny(arch, **KW)
 
 
-def _sample(model, *, seed=0):
+def _sample(model, *, seed=0, stop_ids=(-1,)):
     g = torch.Generator().manual_seed(seed)
-    return generate_tokens(model, PROMPTS, BUDGETS, sampling=SamplingConfig(), stop_ids=[-1], pad_id=0, generator=g)
+    return generate_tokens(model, PROMPTS, BUDGETS, sampling=SamplingConfig(), stop_ids=stop_ids, pad_id=0,
+                           generator=g)
 
 
 def _as_long(routes):
@@ -47,7 +48,10 @@ def test_recorded_routes_equal_a_full_forward_over_prompt_and_generated_tokens(a
     model = _model(arch)
     layers = len(moe_routers(model))
     assert layers == (2 if arch == "glm4_moe" else 3)  # glm4_moe's first layer is dense
-    for prompt, gen in zip(PROMPTS, _sample(model)):
+    stops = range(3, 4096, 4)  # a quarter of the ids stop a row: rows leave the batch at different steps
+    gens = [*_sample(model), *_sample(model, seed=1, stop_ids=stops), *_sample(model, seed=2, stop_ids=stops)]
+    assert len({len(g.token_ids) for g in gens}) > 3
+    for prompt, gen in zip(PROMPTS * 3, gens):
         seq = torch.tensor([prompt + gen.token_ids])
         full = forward_routes(model, seq, torch.ones_like(seq))[0]
         routes = gen.routed_experts
