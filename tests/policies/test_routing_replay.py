@@ -166,6 +166,16 @@ def test_routes_encode_and_decode_exactly():
     assert encode_routes(None) is None and decode_routes(None) is None
 
 
+def test_an_engines_routes_take_the_in_process_shape():
+    from compactrl.policies.routing import prompt_and_output_routes
+
+    vllm_like = [[[1, 2]], [[3, 0]], [[2, 1]]]  # [seq_len, layers, k]: prompt of 2 + output of 2, the last never run
+    got = prompt_and_output_routes(vllm_like, 4)
+    assert got.dtype == np.uint8 and got.tolist() == [[[1, 2]], [[3, 0]], [[2, 1]], [[255, 255]]]
+    with pytest.raises(ValueError, match="routed_experts"):
+        prompt_and_output_routes(vllm_like, 2)
+
+
 # -- through the wrapper, the collector and the metrics ------------------------------------------------
 
 RESERVE, CAP = 24, 64
