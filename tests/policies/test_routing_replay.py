@@ -142,6 +142,29 @@ def test_router_weights_get_gradients_under_replay(tokenizer):
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
 
 
+def test_the_critic_replays_only_through_a_shared_trunk(tokenizer):
+    from compactrl.policies.critic import ValueModel
+    from compactrl.policies.routing import batch_replay, critic_routers
+
+    model = _model("glm4_moe")
+    gens = _sample(_bias_sampler(model), seed=5)
+    seqs = [p + g.token_ids for p, g in zip(PROMPTS, gens)]
+    tokens, mask = right_padded(seqs)
+    routes = torch.full((*tokens.shape, 2, 2), 255, dtype=torch.uint8)
+    for i, g in enumerate(gens):
+        routes[i, :len(seqs[i])] = torch.from_numpy(g.routed_experts)
+    batch = {"tokens": tokens, "routed_experts": routes}
+    policy = TransformersPolicy(model, tokenizer)
+    for share in (True, False):
+        critic = ValueModel.from_policy(policy, share_trunk=share, head_init_std=0.5)
+        assert (critic_routers(critic) is critic.trunk) == share
+        with torch.no_grad():
+            plain = critic.value(tokens, mask)
+            with batch_replay(critic_routers(critic), batch):
+                replayed = critic.value(tokens, mask)
+        assert torch.equal(plain, replayed) != share  # a separate critic's routers are its own
+
+
 def test_replay_of_the_learners_own_routes_changes_nothing(tokenizer):
     model = _model("qwen3_moe")
     learner = TransformersPolicy(model, tokenizer)
