@@ -50,7 +50,9 @@ INT16_NO_ROUTE = -1
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
-    """The model's router modules in layer order (empty for a dense model)."""
+    """The model's router modules in layer order (empty for a dense model, or anything not a module)."""
+    if not isinstance(model, nn.Module):
+        return []
     return [m for m in model.modules() if type(m).__name__ in ROUTER_KINDS]
 
 

@@ -334,7 +334,7 @@ def engine_mismatch(policy, batch) -> dict[str, float]:
     mask = batch["policy_mask"].bool()
     if not bool(mask.any()):
         return {}
-    with torch.no_grad(), RouteRecorder(policy.model) as recorder:
+    with torch.no_grad(), RouteRecorder(getattr(policy, "model", None)) as recorder:
         learner, _ = policy.log_prob(batch["tokens"], batch["attention_mask"], select=mask)
         routes = recorder.take(*batch["tokens"].shape)
     log_ratio = (learner - batch["sample_log_prob"].float())[mask]
