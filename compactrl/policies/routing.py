@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,6 +55,28 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     if not isinstance(model, nn.Module):
         return []
     return [m for m in model.modules() if type(m).__name__ in ROUTER_KINDS]
+
+
+def moe_layer_indices(model: nn.Module) -> list[int]:
+    """The decoder-layer index of each router, in order (``model.layers.<i>...``): which layers of an
+    engine's per-decoder-layer routes (vLLM's) are MoE layers."""
+    out = []
+    for name, module in model.named_modules():
+        if type(module).__name__ in ROUTER_KINDS:
+            match = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+            if match is None:
+                raise ValueError(f"router {name!r}: no decoder layer index in its name")
+            out.append(int(match.group(1)))
+    return out
+
+
+def checkpoint_moe_layers(path: str) -> list[int]:
+    """:func:`moe_layer_indices` of the model saved at ``path`` (built on the meta device: no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return moe_layer_indices(model)
 
 
 def num_experts(model: nn.Module) -> int:
@@ -336,12 +359,16 @@ def merge_routes(have: np.ndarray | None, new: Any) -> np.ndarray | None:
     return np.concatenate([out, new[len(out):]])
 
 
-def prompt_and_output_routes(routes: Any, length: int) -> np.ndarray:
+def prompt_and_output_routes(routes: Any, length: int, moe_layers: Sequence[int] | None = None) -> np.ndarray:
     """An engine's routes of a request (vLLM's ``routed_experts``: ``[seq_len, layers, k]`` over the prompt and
     the output, which may stop one short: the last sampled token is never run) as the compact
-    ``[prompt + output, layers, k]`` array :class:`~compactrl.policies.sampling.Generated` carries, the
-    sentinel where the engine gave none."""
-    arr = compact_routes(routes)
+    ``[prompt + output, moe_layers, k]`` array :class:`~compactrl.policies.sampling.Generated` carries, the
+    sentinel where the engine gave none. vLLM indexes its routes by decoder layer (its capturer's
+    ``layer_id``), dense layers included; ``moe_layers`` (:func:`moe_layer_indices`) keeps the MoE ones."""
+    arr = np.asarray(routes)
+    if moe_layers is not None and arr.shape[1] != len(moe_layers):
+        arr = arr[:, list(moe_layers)]
+    arr = compact_routes(arr)
     if len(arr) > length:
         raise ValueError(f"routed_experts: {len(arr)} routes for a request of {length} tokens")
     pad = np.full((length - len(arr), *arr.shape[1:]), no_route(arr.dtype), dtype=arr.dtype)
@@ -388,8 +415,9 @@ def routes_for_rows(rows: Sequence[Any], width: int, *, experts: int | None = No
 
 
 __all__ = [
-    "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay", "compact_routes",
-    "critic_routers", "decode_routes", "encode_routes", "forward_routes", "generation_routes", "merge_routes",
-    "moe_routers", "no_route", "num_experts", "prompt_and_output_routes", "records_routes", "replay_routes",
-    "replay_weights", "route_disagreement", "route_dtype", "route_mask", "route_mismatch_metrics", "routes_for_rows",
+    "INT16_NO_ROUTE", "ROUTER_KINDS", "RouteRecorder", "UINT8_NO_ROUTE", "batch_replay", "checkpoint_moe_layers",
+    "compact_routes", "critic_routers", "decode_routes", "encode_routes", "forward_routes", "generation_routes",
+    "merge_routes", "moe_layer_indices", "moe_routers", "no_route", "num_experts", "prompt_and_output_routes",
+    "records_routes", "replay_routes", "replay_weights", "route_disagreement", "route_dtype", "route_mask",
+    "route_mismatch_metrics", "routes_for_rows",
 ]

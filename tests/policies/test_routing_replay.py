@@ -199,6 +199,18 @@ def test_an_engines_routes_take_the_in_process_shape():
         prompt_and_output_routes(vllm_like, 2)
 
 
+def test_an_engines_per_decoder_layer_routes_keep_the_moe_layers(tmp_path):
+    from compactrl.policies.routing import checkpoint_moe_layers, moe_layer_indices, prompt_and_output_routes
+
+    glm = _model("glm4_moe")  # 3 decoder layers, the first dense
+    assert moe_layer_indices(glm) == [1, 2] and moe_layer_indices(_model("qwen3_moe")) == [0, 1, 2]
+    glm.save_pretrained(tmp_path / "glm")
+    assert checkpoint_moe_layers(str(tmp_path / "glm")) == [1, 2]
+    per_decoder_layer = [[[0, 0], [1, 2], [3, 4]], [[0, 0], [5, 6], [7, 0]]]  # vLLM: dense layer 0 left at 0
+    got = prompt_and_output_routes(per_decoder_layer, 3, [1, 2])
+    assert got.tolist() == [[[1, 2], [3, 4]], [[5, 6], [7, 0]], [[255, 255], [255, 255]]]
+
+
 # -- through the wrapper, the collector and the metrics ------------------------------------------------
 
 RESERVE, CAP = 24, 64
