@@ -29,6 +29,9 @@ class TokenResponse(str):
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...] | None
     finished: bool
+    routed_experts: Any
+    """MoE routes of the prompt and the sampled tokens, ``[len(prompt) + len(token_ids), moe_layers, k]``
+    small ints (``compactrl.policies.routing``), or None when the policy records none."""
 
     def __new__(
         cls,
@@ -36,6 +39,7 @@ class TokenResponse(str):
         token_ids: Sequence[int],
         log_probs: Sequence[float] | None = None,
         finished: bool = True,
+        routed_experts: Any = None,
     ) -> TokenResponse:
         obj = super().__new__(cls, text)
         obj.token_ids = tuple(int(t) for t in token_ids)
@@ -45,10 +49,11 @@ class TokenResponse(str):
                 f"log_probs has {len(obj.log_probs)} entries but token_ids has {len(obj.token_ids)}"
             )
         obj.finished = bool(finished)
+        obj.routed_experts = routed_experts
         return obj
 
     def __reduce__(self):  # keep the token fields through pickling (multiprocessing, checkpoints)
-        return (TokenResponse, (str(self), self.token_ids, self.log_probs, self.finished))
+        return (TokenResponse, (str(self), self.token_ids, self.log_probs, self.finished, self.routed_experts))
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,9 @@ class Trace:
     episode_id: int = 0
     ends_with_summary: bool = False
     task_id: str = ""
+    routed_experts: Any = field(default=None, compare=False)
+    """MoE routes per token, ``[len(token_ids), moe_layers, k]`` small ints as the sampler chose them (the
+    sentinel where a token has none; ``compactrl.policies.routing``), or None."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -108,6 +116,8 @@ class Trace:
         for pos in self.rewards:
             if not 0 <= pos < n or not self.policy_mask[pos]:
                 raise ValueError(f"reward at position {pos} is not on a policy token")
+        if self.routed_experts is not None and len(self.routed_experts) != n:
+            raise ValueError(f"Trace.routed_experts has {len(self.routed_experts)} entries, expected {n}")
         for i, (p, s) in enumerate(zip(self.policy_mask, self.summary_mask)):
             if s and not p:
                 raise ValueError(f"summary token at {i} is not a policy token")

@@ -27,6 +27,7 @@ from torch import nn
 from torchrl.objectives import LossModule
 
 from compactrl.algos.loss_config import CriticPPOConfig, GRPOConfig, PolicyLossConfig
+from compactrl.policies.routing import batch_replay, critic_routers
 
 __all__ = [
     "PolicyLossConfig",
@@ -136,6 +137,10 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class _PolicyLoss(LossModule):
     """The clipped policy objective with entropy, KL and truncated-IS options."""
 
+    routing_replay: bool = False
+    """Replay the batch's ``routed_experts`` in the forward (``RLConfig.routing_replay``;
+    :func:`compactrl.policies.routing.replay_routes`)."""
+
     def __init__(self, actor: nn.Module, config: PolicyLossConfig):
         super().__init__()
         self.actor = actor
@@ -159,7 +164,8 @@ class _PolicyLoss(LossModule):
         cfg = self.config
         mask = loss_mask(td, train_summaries=cfg.train_summaries)
         # the actor computes log-probs only where the loss reads them (its LM head is most of a step)
-        logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"], mask)
+        with batch_replay(self.actor, td, self.routing_replay):
+            logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"], mask)
         logp, entropy = logp.float(), entropy.float()
         sample = td["sample_log_prob"].float()
         old = td["old_log_prob"].float() if "old_log_prob" in td.keys() else sample
@@ -214,7 +220,8 @@ class CriticPPOLoss(_PolicyLoss):
         """``loss_critic`` over every policy token, with value diagnostics."""
         cfg = self.config
         mask = loss_mask(td, train_summaries=True)
-        values = self.critic.value(td["tokens"], td["attention_mask"]).float()
+        with batch_replay(critic_routers(self.critic), td, self.routing_replay):
+            values = self.critic.value(td["tokens"], td["attention_mask"]).float()
         old, target = td["value"].float(), td["value_target"].float()
         err = (values - target) ** 2
         out = {}
@@ -285,8 +292,8 @@ def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
 
 def build_losses(rl, policy: nn.Module, critic: nn.Module | None) -> CriticPPOLoss | GRPOLoss:
     """The loss module of ``rl.algo``, configured by ``rl.ppo`` or ``rl.grpo`` as they are."""
-    if rl.algo == "grpo":
-        return GRPOLoss(policy, rl.grpo)
-    if critic is None:
+    if rl.algo != "grpo" and critic is None:
         raise ValueError("rl.algo='ppo' needs a critic")
-    return CriticPPOLoss(policy, critic, rl.ppo)
+    loss = GRPOLoss(policy, rl.grpo) if rl.algo == "grpo" else CriticPPOLoss(policy, critic, rl.ppo)
+    loss.routing_replay = bool(getattr(rl, "routing_replay", False))
+    return loss

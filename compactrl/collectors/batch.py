@@ -18,6 +18,10 @@ group_id           [N] i64      rollouts of the same task share a group (GRPO)
 episode_reward     [N] f32      total reward of the episode
 terminated         [N] bool     the episode ended by termination (submit / success)
 truncated          [N] bool     the episode was cut short (limits, sandbox failure)
+routed_experts     [N, L, M, k] MoE routes as the sampler chose them (``M`` MoE layers, top-``k``
+                   u8 or i16    ids; present when any trace has routes; 255 in u8, -1 in i16 where a
+                                token has none: padding, traces or tokens without a record;
+                                :mod:`compactrl.policies.routing`)
 =================  ===========  ===========================================================
 
 Later stages add ``value``, ``advantage``, ``value_target`` ([N, L] f32).
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
+from compactrl.policies.routing import no_route, routes_for_rows
 from compactrl.types import Trace
 
 
@@ -73,7 +78,7 @@ def stack_traces(
         logp[r, :k] = torch.where(pmask[r, :k] & ~lp.isnan(), lp, torch.zeros_like(lp))
         for pos, rew in tr.rewards.items():
             reward[r, pos] += rew
-    return TensorDict(
+    batch = TensorDict(
         {
             "tokens": tokens,
             "attention_mask": attn,
@@ -91,6 +96,10 @@ def stack_traces(
         },
         batch_size=[n],
     )
+    routes = routes_for_rows([tr.routed_experts for _, _, tr, _ in rows], length)
+    if routes is not None:
+        batch.set("routed_experts", routes)
+    return batch
 
 
 def sequence_keys(batch: TensorDict) -> list[str]:
@@ -101,19 +110,28 @@ def sequence_keys(batch: TensorDict) -> list[str]:
 
 def concat_traces(batches: Sequence[TensorDict], *, pad_id: int = 0) -> TensorDict:
     """One trace batch from several: rows in order, ``[N, L]`` entries right-padded to the widest
-    (``tokens`` with ``pad_id``, everything else with zeros), and ``episode_id`` / ``group_id``
+    (``tokens`` with ``pad_id``, ``routed_experts`` with its sentinel, everything else with zeros), and ``episode_id`` / ``group_id``
     offset per batch so that they stay unique (each batch numbers its own episodes)."""
     if not batches:
         raise ValueError("concat_traces needs at least one batch")
     width = max(b["tokens"].shape[-1] for b in batches)
+    routed = next((b["routed_experts"] for b in batches if "routed_experts" in b.keys()), None)
     parts, offset_ep, offset_group = [], 0, 0
     for b in batches:
+        if routed is not None and "routed_experts" not in b.keys():  # a batch without routes: none recorded
+            b = b.clone(False)
+            b.set("routed_experts", torch.full((*b["tokens"].shape, *routed.shape[2:]), no_route(routed.dtype),
+                                               dtype=routed.dtype))
         out = b.clone(False)
         missing = width - b["tokens"].shape[-1]
         for key in sequence_keys(b) if missing else ():
             value = b[key]
             pad = torch.full((value.shape[0], missing), pad_id if key == "tokens" else 0, dtype=value.dtype)
             out.set(key, torch.cat([value, pad], dim=-1))
+        if "routed_experts" in b.keys() and missing:
+            value = b["routed_experts"]
+            pad = torch.full((value.shape[0], missing, *value.shape[2:]), no_route(value.dtype), dtype=value.dtype)
+            out.set("routed_experts", torch.cat([value, pad], dim=1))
         out.set("episode_id", b["episode_id"] - int(b["episode_id"].min()) + offset_ep)
         out.set("group_id", b["group_id"] - int(b["group_id"].min()) + offset_group)
         offset_ep = int(out["episode_id"].max()) + 1

@@ -51,6 +51,7 @@ from compactrl.gateway.chat import (
 from compactrl.gateway.constrain import ToolCallGrammar, ToolChoice, parse_tool_choice
 from compactrl.gateway.engines import Engine, LocalEngine, UpstreamEngine
 from compactrl.gateway.recording import CallRecord, Recorder, SampledChoice, check_session
+from compactrl.policies.routing import encode_routes
 from compactrl.policies.sampling import Generated, SamplingConfig
 from compactrl.serving.completions import (
     MIN_LOGPROB,
@@ -221,7 +222,8 @@ class Gateway(ApiServer):
             self.recorder.record(CallRecord(
                 session=session, index=index if k == 0 else self.recorder.next_index(session), agent=agent,
                 parent_agent=request.headers.get("x-parent-agent-id"), prompt_ids=list(prompt),
-                choices=[SampledChoice(list(g.token_ids), list(g.log_probs), g.finished) for g in out],
+                choices=[SampledChoice(list(g.token_ids), list(g.log_probs), g.finished, encode_routes(g.routed_experts))
+                         for g in out],
                 policy_version=version, model=self.config.serve.model_name, route=route, t_received=t0,
                 queue_s=t1 - t0, generate_s=t2 - t1,
                 sampling={"temperature": jobs[0].sampling.temperature, "top_p": jobs[0].sampling.top_p,

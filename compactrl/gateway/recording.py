@@ -33,6 +33,9 @@ class SampledChoice:
     token_ids: list[int]
     log_probs: list[float]
     finished: bool
+    routed_experts: str | None = None
+    """MoE routes of the prompt and these ids (``[prompt + ids, layers, k]``) as the sampler chose them,
+    encoded by :func:`compactrl.policies.routing.encode_routes`; None when the engine records none."""
 
 
 @dataclass

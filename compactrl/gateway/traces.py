@@ -23,12 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import EpisodeMeta, stack_traces
 from compactrl.gateway.recording import CallRecord, Session
+from compactrl.policies.routing import decode_routes, merge_routes, no_route
 from compactrl.types import Trace
 
 
@@ -49,12 +52,26 @@ class TraceNode:
     """For an agent's first trace: the trace that spawned it."""
     spawn_position: int = -1
     """Position in ``parent``'s tokens after which the child ran."""
+    routed_experts: Any = None
+    """MoE routes per position so far (:func:`compactrl.policies.routing.merge_routes`), or None."""
 
-    def extend(self, prompt: Sequence[int], ids: Sequence[int], log_probs: Sequence[float]) -> None:
+    def extend(self, prompt: Sequence[int], ids: Sequence[int], log_probs: Sequence[float],
+               routes: str | None = None) -> None:
         new = list(prompt[len(self.token_ids):])
         self.token_ids += new + list(ids)
         self.policy_mask += [False] * len(new) + [True] * len(ids)
         self.log_probs += [float("nan")] * len(new) + list(log_probs)
+        decoded = decode_routes(routes)
+        if decoded is not None and len(decoded) == len(prompt) + len(ids):
+            self.routed_experts = merge_routes(self.routed_experts, decoded)
+
+    def routes(self) -> Any:
+        """``[len(token_ids), layers, k]`` routes (the sentinel where none was recorded), or None."""
+        r = self.routed_experts
+        if r is None or len(r) == len(self.token_ids):
+            return r
+        pad = np.full((len(self.token_ids) - len(r), *r.shape[1:]), no_route(r.dtype), dtype=r.dtype)
+        return np.concatenate([r, pad])
 
     def extended_by(self, prompt: Sequence[int]) -> bool:
         n = len(self.token_ids)
@@ -94,7 +111,7 @@ def build_tree(session: Session) -> list[TraceNode]:
             nodes.append(node)
             cur = current[call.agent] = len(nodes) - 1
         node = nodes[cur]
-        node.extend(call.prompt_ids, choice.token_ids, choice.log_probs)
+        node.extend(call.prompt_ids, choice.token_ids, choice.log_probs, choice.routed_experts)
         node.calls.append(call.index)
         node.policy_versions.append(call.policy_version)
         last_agent = call.agent
@@ -107,7 +124,7 @@ def session_traces(session: Session, episode_id: int = 0) -> tuple[list[Trace], 
     traces = [
         Trace(token_ids=list(n.token_ids), policy_mask=list(n.policy_mask), summary_mask=[False] * len(n.token_ids),
               log_probs=list(n.log_probs), trace_index=i, episode_id=episode_id,
-              ends_with_summary=any(m.prev == i for m in nodes))
+              ends_with_summary=any(m.prev == i for m in nodes), routed_experts=n.routes())
         for i, n in enumerate(nodes)
     ]
     if session.reward is not None and nodes:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -119,6 +120,9 @@ class Generated:
     """The last token is a stop (end-of-turn) token."""
     top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per step, the ``k`` most likely (id, log-prob) pairs of the sampling distribution, when asked."""
+    routed_experts: Any = None
+    """MoE routes of the prompt and generated tokens, ``[prompt + generated, moe_layers, k]`` (a compact
+    numpy array, :mod:`compactrl.policies.routing`; the sentinel where a token has none), or None."""
 
 
 def default_stop_ids(tokenizer, model=None) -> list[int]:
@@ -143,7 +147,8 @@ def to_token_response(gen: Generated, tokenizer, stop_ids: Iterable[int]) -> Tok
     body = gen.token_ids[:-1] if gen.finished and gen.token_ids and gen.token_ids[-1] in set(stop_ids) \
         else gen.token_ids
     text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return TokenResponse(text, gen.token_ids, gen.log_probs, finished=gen.finished)
+    return TokenResponse(text, gen.token_ids, gen.log_probs, finished=gen.finished,
+                         routed_experts=gen.routed_experts)
 
 
 def budgets(requests: Sequence[PolicyRequest], prompt_lens: Sequence[int], cap: int, context: int) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compactrl.policies.routing import records_routes
 from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
@@ -181,6 +182,7 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[to
 
 
 @torch.no_grad()
+@records_routes
 def generate_tokens(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
@@ -196,7 +198,9 @@ def generate_tokens(
     """Sample continuations of ``prompts`` in one batch (KV cache, per-row stop and budget).
 
     Log-probs are those of ``sampling``'s distribution, or of ``report``'s when given (e.g.
-    ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model).
+    ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model). An MoE model's
+    routes of the prompt and generated tokens come with each result (``Generated.routed_experts``,
+    :func:`compactrl.policies.routing.records_routes`).
     """
     if len(prompts) != len(max_new_tokens):
         raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")

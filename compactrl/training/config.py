@@ -251,6 +251,10 @@ class RLConfig:
     """Normalise advantages over the loss tokens of the batch."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
+    routing_replay: bool = False
+    """MoE routing replay: the learner's forwards (policy loss, critic values and loss with a shared trunk)
+    route each token to the experts the sampler chose (the batch's ``routed_experts``), with the gate
+    weights recomputed from the learner's own router logits; False routes as the learner's router chooses."""
     ppo: CriticPPOConfig = field(default_factory=CriticPPOConfig)
     """The critic PPO loss (``algo=ppo``)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -274,6 +278,7 @@ class RLConfig:
         for name in ("lr", "critic_lr", "max_grad_norm", "lmbda_alpha"):
             _check(getattr(self, name) > 0, f"rl.{name}", "> 0", getattr(self, name))
         _check(0.0 <= self.gamma <= 1.0, "rl.gamma", "a value in [0, 1]", self.gamma)
+        _check(isinstance(self.routing_replay, bool), "rl.routing_replay", "True|False", self.routing_replay)
         _check(self.lmbda == "adaptive" or (not isinstance(self.lmbda, str) and 0.0 <= self.lmbda <= 1.0),
                "rl.lmbda", "a value in [0, 1] or 'adaptive'", self.lmbda)
         _check(self.value_lmbda is None or 0.0 <= self.value_lmbda <= 1.0, "rl.value_lmbda",

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from tensordict import TensorDict
 
+from compactrl.policies.routing import RouteRecorder, forward_routes, route_mismatch_metrics
 from compactrl.training.config import EnvConfig, TrainConfig
 from compactrl.training.sft import trim_padding
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from compactrl.training.run_dir import RunDir
 
 __all__ = ["Rollouts", "CollectorRollouts", "EngineRollouts", "make_rollouts", "SummaryRouter", "make_env_fns",
-           "build_policy", "worker_policy", "engine_settings", "engine_mismatch", "report_lines"]
+           "build_policy", "worker_policy", "engine_settings", "engine_mismatch", "route_mismatch", "report_lines"]
 
 
 @runtime_checkable
@@ -91,8 +92,8 @@ class CollectorRollouts:
     the policy Ray workers start from); ``summarizer`` the frozen summariser, if any.
     """
 
-    def __init__(self, collector: Any, policy: Any, summarizer: Any = None) -> None:
-        self.collector, self.policy, self.summarizer = collector, policy, summarizer
+    def __init__(self, collector: Any, policy: Any, summarizer: Any = None, learner: Any = None) -> None:
+        self.collector, self.policy, self.summarizer, self.learner = collector, policy, summarizer, learner
         self.last_batch_metrics: dict[str, float] = {}
 
     @property
@@ -106,7 +107,10 @@ class CollectorRollouts:
         return self.collector.last_batch_stats
 
     def next(self) -> TensorDict:
-        return trim_padding(self.collector.next())
+        batch = trim_padding(self.collector.next())
+        if self.learner is not None:  # the sampler's routes against the learner's (the same model: ~0)
+            self.last_batch_metrics = route_mismatch(self.learner, batch)
+        return batch
 
     def update_weights(self, policy: Any, version: int, reference: Callable | None = None) -> None:
         self.collector.update_policy_weights_(policy)
@@ -144,7 +148,7 @@ class EngineRollouts(CollectorRollouts):
         return self.engine.last_sync
 
     def next(self) -> TensorDict:
-        batch = super().next()
+        batch = trim_padding(self.collector.next())
         version = self.engine.last_version
         self.last_batch_metrics = {"engine/version": float(version), **engine_mismatch(self.learner, batch)}
         batch["policy_version"] = torch.full((batch.batch_size[0],), version, dtype=torch.long)
@@ -180,7 +184,7 @@ def make_rollouts(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | N
     the engine started closes it.
     """
     if cfg.distributed.num_rollout_workers:
-        return CollectorRollouts(ray_collector(cfg, policy, pad_id=pad_id, run=run), policy)
+        return CollectorRollouts(ray_collector(cfg, policy, pad_id=pad_id, run=run), policy, learner=policy)
     engine = start_engine(cfg, policy, run) if cfg.rollout.engine == "vllm" else None
     try:
         acting = policy if engine is None else engine
@@ -193,7 +197,7 @@ def make_rollouts(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | N
             engine.close()
         raise
     if engine is None:
-        return CollectorRollouts(collector, acting, summarizer)
+        return CollectorRollouts(collector, acting, summarizer, learner=policy)
     return EngineRollouts(collector, acting, engine, policy, summarizer)
 
 
@@ -332,12 +336,27 @@ def engine_mismatch(policy, batch) -> dict[str, float]:
     mask = batch["policy_mask"].bool()
     if not bool(mask.any()):
         return {}
-    with torch.no_grad():
+    with torch.no_grad(), RouteRecorder(getattr(policy, "model", None)) as recorder:
         learner, _ = policy.log_prob(batch["tokens"], batch["attention_mask"], select=mask)
+        routes = recorder.take(*batch["tokens"].shape)
     log_ratio = (learner - batch["sample_log_prob"].float())[mask]
     k3 = torch.expm1(log_ratio) - log_ratio
     return {"mismatch/k3": float(k3.mean()), "mismatch/max_abs_dlogp": float(log_ratio.abs().max()),
-            "mismatch/mean_abs_dlogp": float(log_ratio.abs().mean()), "mismatch/tokens": float(mask.sum())}
+            "mismatch/mean_abs_dlogp": float(log_ratio.abs().mean()), "mismatch/tokens": float(mask.sum()),
+            **route_mismatch_metrics(batch, _masked_routes(routes, batch))}
+
+
+def route_mismatch(policy, batch) -> dict[str, float]:
+    """The expert disagreement of the batch's recorded routes with ``policy``'s own forward over the batch
+    (:func:`~compactrl.policies.routing.route_mismatch_metrics`); {} when the batch has no routes."""
+    if "routed_experts" not in batch.keys() or not isinstance(getattr(policy, "model", None), torch.nn.Module):
+        return {}
+    routes = forward_routes(policy.model, batch["tokens"], batch["attention_mask"])
+    return route_mismatch_metrics(batch, routes)
+
+
+def _masked_routes(routes, batch):
+    return None if routes is None else routes.masked_fill(~batch["attention_mask"].bool()[..., None, None], -1)
 
 
 # -- the other sources --------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ CURVES = (
     ("eval/critic/trace_start_auc", "held-out: AUC of the value at trace starts vs success"),
     ("policy/clip_fraction", "clip fraction"),
     ("policy/approx_kl", "approx. KL(sampling || current)"),
+    ("mismatch/route_disagree_task", "tokens routed apart from the learner (task tokens)"),
+    ("mismatch/route_disagree_summary", "tokens routed apart from the learner (summary tokens)"),
 )
 """(metric key, title) of every learning curve the run draws."""
 

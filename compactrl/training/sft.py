@@ -28,7 +28,7 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     if length == batch["attention_mask"].shape[-1]:
         return batch
     out = batch.clone(False)
-    for key in sequence_keys(batch):
+    for key in sequence_keys(batch) + (["routed_experts"] if "routed_experts" in batch.keys() else []):
         out.set(key, batch[key][:, :length])
     return out
 

@@ -39,6 +39,7 @@ from tensordict import TensorDict
 
 from compactrl.algos.losses import add_loss_normalizers, advantage_estimator, build_losses
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
+from compactrl.policies.routing import batch_replay, critic_routers
 
 __all__ = ["Updater", "Shard", "SINGLE", "critic_values", "split_minibatches", "optimizer_step", "rank_rows"]
 
@@ -115,9 +116,11 @@ def _padded(parts: list, batch: TensorDict, shard: Shard) -> list:
 
 
 @torch.no_grad()
-def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE) -> torch.Tensor:
+def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE, *,
+                  routing_replay: bool = False) -> torch.Tensor:
     """``V`` at every position of ``batch``, computed over packed micro-batches (each rank its share of the
-    rows, the whole result summed over the ranks)."""
+    rows, the whole result summed over the ranks); the batch's routes replayed as in the critic loss when
+    ``routing_replay``."""
     out = torch.zeros(batch["tokens"].shape, dtype=torch.float32, device=batch["tokens"].device)
     lengths = row_lengths(batch["attention_mask"])
     mine = rank_rows(lengths, shard)
@@ -128,7 +131,10 @@ def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Sha
             continue
         width = max(int(lengths[rows].max()), 1)
         tokens, mask = batch["tokens"][rows, :width], batch["attention_mask"][rows, :width]
-        out[rows, :width] = critic.value(tokens, mask).float()
+        routes = batch.get("routed_experts", None)
+        part = {"tokens": tokens, "routed_experts": routes[rows] if routes is not None else None}
+        with batch_replay(critic_routers(critic), part, routing_replay):
+            out[rows, :width] = critic.value(tokens, mask).float()
     return shard.all_sum(out)
 
 
@@ -215,7 +221,8 @@ class Updater:
     def advantages(self, batch: TensorDict) -> TensorDict:
         """Critic values (PPO) and advantages (and value targets) over the whole batch, in place."""
         if self.critic is not None:
-            batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens, self.shard)
+            batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens, self.shard,
+                                           routing_replay=self.loss.routing_replay)
         return self.estimate(batch)
 
     def update(self, batch: TensorDict, *, train_policy: bool = True, max_critic_steps: int | None = None,

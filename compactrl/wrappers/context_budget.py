@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from compactrl.envs.spaces import ChatMessages
 from compactrl.types import TokenResponse, Trace
@@ -116,6 +117,8 @@ class _Response:
     ids: list[int]
     log_probs: list[float]
     sampled_eot: bool  # the last id is a stop id the policy chose
+    routes: Any = None  # the policy's routes over prompt + sampled ids (TokenResponse.routed_experts)
+    sampled: int = 0  # ids the policy sampled (before any cut): routes cover the prompt plus these
 
 
 class _TraceBuilder:
@@ -127,6 +130,7 @@ class _TraceBuilder:
         self.summary = [False] * len(prefix)
         self.log_probs = [math.nan] * len(prefix)
         self.rewards: dict[int, float] = {}
+        self.routes: np.ndarray | None = None  # [positions covered so far, moe_layers, k]
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -138,8 +142,31 @@ class _TraceBuilder:
         self.summary.extend([summary] * n)
         self.log_probs.extend(log_probs if log_probs is not None else [math.nan] * n)
 
+    def add_routes(self, routes: Any) -> None:
+        """Routes of a model call over the first ``len(routes)`` positions. A position keeps the route
+        of the first call that computed it (as a prefix cache would); a call fills only positions
+        that have none yet (the last sampled token of the previous response, new tokens)."""
+        routes = np.asarray(routes)
+        if self.routes is None or self.routes.shape[1:] != routes.shape[1:] or self.routes.dtype != routes.dtype:
+            self.routes = routes.copy()
+            return
+        old, n = self.routes, min(len(self.routes), len(routes))
+        missing = (old[:n] == _no_route(old.dtype)).any(-1).any(-1)
+        old[:n][missing] = routes[:n][missing]
+        self.routes = np.concatenate([old, routes[len(old):]])
+
     def finish(self, **meta: Any) -> Trace:
-        return Trace(self.ids, self.policy, self.summary, self.log_probs, self.rewards, **meta)
+        routes = self.routes
+        if routes is not None and len(routes) != len(self.ids):
+            pad = np.full((len(self.ids) - len(routes), *routes.shape[1:]), _no_route(routes.dtype), routes.dtype)
+            routes = np.concatenate([routes, pad])[:len(self.ids)]
+        return Trace(self.ids, self.policy, self.summary, self.log_probs, self.rewards, routed_experts=routes,
+                     **meta)
+
+
+def _no_route(dtype) -> int:
+    """The route sentinel (``compactrl.policies.routing``): 255 in uint8, -1 otherwise."""
+    return 255 if np.dtype(dtype) == np.uint8 else -1
 
 
 class ContextBudget(gym.Wrapper):
@@ -287,11 +314,12 @@ class ContextBudget(gym.Wrapper):
                 raise ValueError(f"action: token ids must lie in [0, {self.fmt.vocab_size}), got {bad[:5]}")
             lps = list(action.log_probs) if action.log_probs is not None else [math.nan] * len(ids)
             sampled_eot = ids[-1] in self.fmt.stop_ids
+            routes = getattr(action, "routed_experts", None)
         elif isinstance(action, str):
             # the text passed on is the text the ids encode (lone surrogates become U+FFFD)
             text = valid_unicode(action)
             ids = [*self.fmt.encode(text), self.fmt.end_of_turn]
-            lps, sampled_eot = [math.nan] * len(ids), True
+            lps, sampled_eot, routes = [math.nan] * len(ids), True, None
         else:
             raise ValueError(f"action: expected a str or TokenResponse, got {type(action).__name__}")
         if len(ids) > max_new:
@@ -299,14 +327,21 @@ class ContextBudget(gym.Wrapper):
                 log.warning("a TokenResponse of %d ids exceeds max_new_tokens=%d: cut", len(ids), max_new)
             ids, lps, sampled_eot = ids[:max_new], lps[:max_new], False
             text = self.fmt.decode(ids)
-        return _Response(text, ids, lps, sampled_eot)
+        return _Response(text, ids, lps, sampled_eot, routes, len(action.token_ids) if routes is not None else 0)
 
     def _append_response(self, resp: _Response, *, summary: bool) -> int:
         """Append generation prompt, response and turn end; returns the response's last policy position."""
         self._context_max = max(self._context_max, len(self._trace) + len(self.fmt.generation_prompt))
         self._trace.add(self.fmt.generation_prompt)
+        prompt_len = len(self._trace)
         self._trace.add(resp.ids, policy=True, summary=summary, log_probs=resp.log_probs)
         last = len(self._trace) - 1
+        if resp.routes is not None:
+            if len(resp.routes) == prompt_len + resp.sampled:
+                self._trace.add_routes(resp.routes[:len(self._trace)])
+            else:
+                log.warning("routed_experts cover %d tokens, the prompt and response %d: not recorded",
+                            len(resp.routes), prompt_len + resp.sampled)
         self._trace.add([] if resp.sampled_eot else [self.fmt.end_of_turn])
         self._trace.add(self.fmt.assistant_footer_rest)
         return last

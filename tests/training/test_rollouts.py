@@ -140,6 +140,7 @@ def test_the_factory_picks_the_engine_and_syncs_it(monkeypatch):
         assert rollouts.last_batch_metrics["engine/version"] == 0.0
         assert set(rollouts.last_batch_metrics) >= {"mismatch/k3", "mismatch/max_abs_dlogp"}
         assert rollouts.last_batch_metrics["mismatch/max_abs_dlogp"] < 1e-4  # it acts with the learner itself
+        assert rollouts.last_batch_metrics["mismatch/route_disagree_all"] == 0.0  # and routes with its experts
         assert batch["policy_version"].tolist() == [0] * batch.batch_size[0]
         rollouts.update_weights(policy, version=1)
         assert engine.version == 1 and rollouts.last_sync == {"engine/sync_version": 1.0}

@@ -87,5 +87,7 @@ def test_what_this_cpu_lacks_fails_at_start_naming_it(arch, engine, missing, tok
     from compactrl.policies.tiny_moe import tiny_moe
 
     model = tiny_moe(arch, vocab_size=len(tokenizer), **({"head_dim": 64} if arch == "qwen3_moe" else {}))
-    with pytest.raises(EngineError, match=rf"(?s)failed in start: .*{missing}"):
+    with pytest.raises(EngineError, match=rf"(?s)failed in start: .*{missing}") as info:
         VLLMPolicy.from_model(model, tokenizer, tmp_path / "m", engine=engine)
+    if "enable_return_routed_experts" in engine:  # the error names the option that asked for it
+        assert str(info.value).startswith("enable_return_routed_experts: ")

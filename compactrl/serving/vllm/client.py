@@ -187,6 +187,14 @@ class VLLMEngine:
         try:
             self.info = self._call({"op": "start", "llm_kwargs": config.llm_kwargs(), "version": version},
                                    timeout=config.start_timeout_s, what="start")
+        except EngineError as exc:
+            self.close()
+            if config.enable_return_routed_experts and "Model Runner V2" in str(exc):
+                raise EngineError(
+                    "enable_return_routed_experts: vLLM returns routed experts from its model runner V2 only, "
+                    "which needs Triton (not available for this CPU); the in-process sampler records routes "
+                    f"(docs/mismatch.md). {exc}") from exc
+            raise
         except BaseException:
             self.close()
             raise

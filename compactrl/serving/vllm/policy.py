@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from compactrl.policies.moe_weights import buckets, checkpoint_weights
+from compactrl.policies.routing import checkpoint_moe_layers, prompt_and_output_routes
 from compactrl.policies.sampling import (
     Generated,
     SamplingConfig,
@@ -165,6 +166,7 @@ class VLLMPolicy:
         """The latest sync's measurements (``engine/*`` metrics)."""
         self._seed = seed
         self._calls = 0
+        self._moe_layers: list[int] | None = None  # decoder layers with a router (read from the model at first use)
 
     @classmethod
     def from_model(cls, model, tokenizer, directory: str | Path, *, engine: Mapping[str, Any] | None = None,
@@ -212,7 +214,10 @@ class VLLMPolicy:
             ids = o["token_ids"]
             out[i] = Generated(ids, o["log_probs"], bool(ids) and ids[-1] in stops)
             if "routed_experts" in o:  # [tokens, layers, top-k] expert ids (enable_return_routed_experts)
-                out[i].routed_experts = o["routed_experts"]
+                if self._moe_layers is None:
+                    self._moe_layers = checkpoint_moe_layers(self.engine_config.model)
+                out[i].routed_experts = prompt_and_output_routes(o["routed_experts"], len(prompts[i]) + len(ids),
+                                                                 self._moe_layers)
         return out
 
     def score(self, sequences: Sequence[Sequence[int]], *, temperature: float = 1.0) -> list[list[float]]:
