@@ -246,7 +246,8 @@ def make_env_fns(cfg: EnvConfig, *, split: str, count: int, budget: int | None =
 
 
 def build_policy(cfg: TrainConfig, tokenizer):
-    """The trained policy (tiny MoE from a seeded init, or a saved model) and a greedy twin for evaluation."""
+    """The trained policy (tiny MoE from a seeded init, or a saved model; its sampler's KV cache is
+    ``rollout.kv_cache_dtype``) and a greedy twin for evaluation."""
     from compactrl.policies.tiny_moe import tiny_moe
     from compactrl.policies.transformers_policy import TransformersPolicy
 
@@ -259,7 +260,9 @@ def build_policy(cfg: TrainConfig, tokenizer):
         model = tiny_moe(m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_experts=m.num_experts,
                          experts_per_token=m.experts_per_token, seed=m.init_seed)
     common = dict(max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
-    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common)
+    # the rollouts' sampler gets the run's KV cache; held-out evaluation samples with the model's own
+    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed,
+                                kv_cache_dtype=cfg.rollout.kv_cache_dtype, **common)
     eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
                                      **common)
     return policy, eval_policy
@@ -300,7 +303,7 @@ def engine_settings(cfg: TrainConfig, policy) -> tuple[dict[str, Any], dict[str,
     it samples like ``policy``; pure, so the config's reach is testable without starting an engine."""
     ro = cfg.rollout
     s = policy.sampling
-    engine = dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
+    engine = dict(dtype=ro.engine_dtype, kv_cache_dtype=ro.kv_cache_dtype, seed=cfg.seed, threads=cfg.threads,
                   max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192)
     kwargs = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
                   seed=cfg.seed, stop_token_ids=policy.stop_token_ids, sync_tolerance=ro.engine_sync_tolerance or None)

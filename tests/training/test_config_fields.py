@@ -28,6 +28,8 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "rollout.engine": "tests/vllm/test_train.py::test_smoke_run_on_the_engine_survives_a_killed_engine",
     "rollout.engine_dtype": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
     "rollout.engine_sync_tolerance": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
+    # the sampler's KV cache: observed in the generation it runs and in the engine's settings
+    "rollout.kv_cache_dtype": "tests/policies/test_fp8_cache.py::test_the_run_config_reaches_both_samplers",
     # a probe would start learner ranks (a Ray, or torchrun): observed where they are started
     "learner.ranks": "tests/distributed/test_sharded_learner.py::test_two_ranks_give_one_process_gradients_and_parameters",
     "learner.launcher": "tests/vllm/test_sharded_sync.py::test_a_smoke_run_with_two_learner_ranks_and_the_engine_finishes_clean",
