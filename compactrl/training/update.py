@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from compactrl.algos.losses import add_loss_normalizers, advantage_estimator, build_losses
+from compactrl.algos.losses import advantage_estimator, build_losses
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
 
 __all__ = ["Updater", "Shard", "SINGLE", "critic_values", "split_minibatches", "optimizer_step", "rank_rows"]
@@ -218,7 +218,7 @@ class Updater:
         step = dict(micro_batch_tokens=rl.micro_batch_tokens, max_grad_norm=rl.max_grad_norm, shard=self.shard)
         for _ in range(rl.epochs):
             for rows in split_minibatches(batch, minibatches or rl.minibatches, self.generator):
-                mb = add_loss_normalizers(batch[rows], train_summaries=rl.loss.train_summaries)
+                mb = self.loss.add_normalizers(batch[rows])  # whole-minibatch counts (MIS's kept tokens)
                 for _ in range(rl.critic_updates if self.critic is not None else 0):
                     if max_critic_steps is not None and critic_steps >= max_critic_steps:
                         return means.result()
