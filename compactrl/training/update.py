@@ -5,7 +5,8 @@
 things the trainer does with a collected batch:
 
 * :meth:`Updater.advantages`: critic values at every token (PPO), then the advantage estimator of
-  :func:`~compactrl.algos.losses.advantage_estimator` on the whole batch;
+  :func:`~compactrl.algos.losses.advantage_estimator` on the whole batch (and, with TIS or MIS on, the
+  learner's own log-probs as ``old_log_prob``);
 * :meth:`Updater.update`: ``epochs`` passes, each split into ``minibatches`` disjoint row sets of
   near-equal policy-token counts; per minibatch ``critic_updates`` critic steps, then one policy
   step. Each step accumulates gradients over micro-batches packed under ``micro_batch_tokens``;
@@ -40,7 +41,8 @@ from tensordict import TensorDict
 from compactrl.algos.losses import advantage_estimator, build_losses
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
 
-__all__ = ["Updater", "Shard", "SINGLE", "critic_values", "split_minibatches", "optimizer_step", "rank_rows"]
+__all__ = ["Updater", "Shard", "SINGLE", "critic_values", "learner_log_probs", "split_minibatches", "optimizer_step",
+           "rank_rows"]
 
 
 @dataclass(frozen=True)
@@ -108,17 +110,35 @@ def _padded(parts: list, batch: TensorDict, shard: Shard) -> list:
 def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE) -> torch.Tensor:
     """``V`` at every position of ``batch``, computed over packed micro-batches (each rank its share of the
     rows, the whole result summed over the ranks)."""
+    return _packed_forward(critic.value, batch, micro_batch_tokens, shard)
+
+
+@torch.no_grad()
+def learner_log_probs(policy, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE) -> torch.Tensor:
+    """The learner's log-probs of ``batch``'s policy tokens under its current weights (0 elsewhere), over
+    packed micro-batches: before an update, the ``old_log_prob`` the importance corrections compare
+    with the sampler's ``sample_log_prob``."""
+    def forward(tokens, mask, rows=None):
+        select = batch["policy_mask"][rows, :tokens.shape[1]].bool() if rows is not None else torch.zeros_like(mask).bool()
+        return policy.log_prob(tokens, mask, select=select)[0].masked_fill(~select, 0.0)
+
+    return _packed_forward(forward, batch, micro_batch_tokens, shard, with_rows=True)
+
+
+def _packed_forward(fn, batch: TensorDict, micro_batch_tokens: int, shard: Shard, *, with_rows: bool = False,
+                    ) -> torch.Tensor:
+    """``fn(tokens, mask)`` at every position of ``batch`` over packed micro-batches, each rank its rows."""
     out = torch.zeros(batch["tokens"].shape, dtype=torch.float32)
     lengths = row_lengths(batch["attention_mask"])
     mine = rank_rows(lengths, shard)
     packs = [mine[rows] for rows in pack_rows(lengths[mine], micro_batch_tokens)] if mine.numel() else []
     for rows in packs + [None] * (shard.max_count(len(packs)) - len(packs)):
         if rows is None:  # idle pass: this rank has no rows left
-            critic.value(batch["tokens"][:1, :1], batch["attention_mask"][:1, :1])
+            fn(batch["tokens"][:1, :1], batch["attention_mask"][:1, :1])
             continue
         width = max(int(lengths[rows].max()), 1)
         tokens, mask = batch["tokens"][rows, :width], batch["attention_mask"][rows, :width]
-        out[rows, :width] = critic.value(tokens, mask).float()
+        out[rows, :width] = (fn(tokens, mask, rows) if with_rows else fn(tokens, mask)).float()
     return shard.all_sum(out)
 
 
@@ -203,7 +223,12 @@ class Updater:
         self.generator = torch.Generator().manual_seed(seed)
 
     def advantages(self, batch: TensorDict) -> TensorDict:
-        """Critic values (PPO) and advantages (and value targets) over the whole batch, in place."""
+        """Critic values (PPO) and advantages (and value targets) over the whole batch, in place; with an
+        importance correction on (``tis_cap``, ``mis_high``) and no ``old_log_prob`` in the batch, the
+        learner's log-probs before the update are written there."""
+        loss = self.rl.loss
+        if (loss.tis_cap is not None or loss.mis_high is not None) and "old_log_prob" not in batch.keys():
+            batch["old_log_prob"] = learner_log_probs(self.policy, batch, self.rl.micro_batch_tokens, self.shard)
         if self.critic is not None:
             batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens, self.shard)
         return self.estimate(batch)

@@ -207,3 +207,28 @@ def test_the_run_config_reaches_the_update_step_with_whole_minibatch_counts(algo
     kept = loss_mask(batch) & (ratio <= bounds["mis_high"]) & (ratio >= bounds.get("mis_low", 0.0))
     assert len(seen) > 1 and set(seen) == {int(kept.sum())}
     assert 0 < stats["policy/mis_drop_fraction"] < 1
+
+
+@pytest.mark.parametrize("correction", [{}, {"rl.ppo.tis_cap": 2.0}, {"rl.ppo.mis_high": 1.5}])
+def test_the_update_writes_the_learners_own_log_probs_when_a_correction_is_on(correction):
+    """Without ``old_log_prob`` from the rollout source, the learner's log-probs before the update (packed
+    micro-batches) become the ratio's numerator; with no correction on, the batch is left as it was."""
+    from compactrl.training.config import override, preset
+    from compactrl.training.update import Updater
+
+    batch, actor, critic = _batch(13)
+    given_old = batch["old_log_prob"].clone()
+    del batch["old_log_prob"]
+    upd = Updater(override(preset("smoke"), {**correction, "rl.micro_batch_tokens": 30}).rl, actor, critic)
+    upd.advantages(batch)
+    if not correction:
+        assert "old_log_prob" not in batch.keys()
+        return
+    with torch.no_grad():
+        full, _ = actor.log_prob(batch["tokens"], batch["attention_mask"])
+    pol = batch["policy_mask"]
+    torch.testing.assert_close(batch["old_log_prob"][pol], full[pol], rtol=0, atol=1e-5)
+    assert float(batch["old_log_prob"][~pol].abs().max()) == 0.0
+    batch.set("old_log_prob", given_old)  # a source's own old_log_prob is kept
+    upd.advantages(batch)
+    assert torch.equal(batch["old_log_prob"], given_old)
