@@ -317,7 +317,7 @@ def render(res: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for arch, a in res["archs"].items():
         b = a["bytes_per_token"]
-        f = lambda k: "-" if b.get(k) is None else f"{b[k]:.1f}"  # noqa: E731
+        f = lambda k, b=b: "-" if b.get(k) is None else f"{b[k]:.1f}"  # noqa: E731
         lines.append(f"| {arch} | {b['analytic_fp32']} | {b['analytic_fp8']} | {f('transformers_fp32')} "
                      f"| {f('transformers_fp8')} | {f('vllm_auto')} | {f('vllm_fp8')} |")
     q = res.get("quantiser")

@@ -5,15 +5,26 @@ re-renders and re-tokenises the whole chat (``apply_chat_template(..., tokenize=
 An inner env with fixed-size tool outputs and a huge budget lets one episode grow from ~1k to
 ~32k tokens; the inner env's own time is subtracted.
 
+``--long`` measures instead the cost of one ordinary step (a 12-line tool output) at 2k, 32k, 256k
+and 1M tokens of trajectory: one episode grows fast with large tool outputs (not timed) and at each
+mark times ``--steps`` ordinary steps; the machine, its load and the command go into
+``benchmarks/results/wrapper_overhead_long.{json,md}`` (``--tag`` adds a suffix to the names).
+
     python benchmarks/wrapper_overhead.py [--budget 34000] [--tool-lines 12] [--repeats 3]
+    python benchmarks/wrapper_overhead.py --long [--marks 2000 32000 256000 1000000] [--steps 30]
     compactrl bench wrapper_overhead
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium as gym
 
@@ -84,6 +95,68 @@ def run_episode(budget: int, tool_lines: int, action) -> list[tuple[int, float, 
         info = new_info
 
 
+def growth(marks: list[int], steps: int, action, big_lines: int = 150) -> list[dict]:
+    """Per-step wrapper µs (inner env excluded) of ``steps`` ordinary steps at each context mark; the
+    context grows between marks with ``big_lines``-line tool outputs (fewer, larger messages)."""
+    inner = FixedOutputEnv(big_lines)
+    cfg = ContextBudgetConfig(budget=max(marks) + 64 * steps * 300 + 20_000, reserve=256, tool_output_cap=8192,
+                              max_compactions=0)
+    env = ContextBudget(inner, cfg)
+    obs, info = env.reset(seed=0)
+    out = []
+    for mark in sorted(marks):
+        inner.tool_lines = big_lines  # grow fast, untimed, to just below the mark
+        while info["context_tokens"] + 2_500 < mark:
+            obs, _, _, _, info = env.step(action)
+        inner.tool_lines = 12
+        while info["context_tokens"] < mark:
+            obs, _, _, _, info = env.step(action)
+        start, messages, times = info["context_tokens"], len(obs), []
+        for _ in range(steps):
+            before, inner_before = time.perf_counter_ns(), inner.inner_ns
+            _, _, term, trunc, info = env.step(action)
+            times.append((time.perf_counter_ns() - before - (inner.inner_ns - inner_before)) / 1e3)
+            assert not (term or trunc)
+        out.append({"mark": mark, "context_start": start, "context_end": info["context_tokens"], "steps": steps,
+                    "messages": messages,
+                    "median_us": statistics.median(times), "p90_us": sorted(times)[int(0.9 * (steps - 1))]})
+    return out
+
+
+def machine() -> dict:
+    """The CPU model, whether it has AVX-512, and the load average (the figures depend on all three)."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu": model or platform.processor(), "avx512f": " avx512f" in flags,
+            "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
+
+
+def long_main(args, actions) -> int:
+    before = machine()
+    results = {kind: growth(args.marks, args.steps, action, args.grow_lines) for kind, action in actions.items()}
+    after = machine()["uptime"]
+    command = "python benchmarks/wrapper_overhead.py " + " ".join(sys.argv[1:])
+    lines = [f"# ContextBudget cost per step up to {max(args.marks):,} tokens", "",
+             f"`{command}`; {before['cpu']}, avx512f {'yes' if before['avx512f'] else 'no'}; "
+             f"load before: `{before['uptime']}`, after: `{after}`.", "",
+             f"One ordinary step (12-line tool output, ~250 tokens with the response) at each context size, "
+             f"the context grown between marks with {args.grow_lines}-line tool outputs; the inner env's time excluded. Medians (p90) over the "
+             "steps; messages: the observation's length there.", "",
+             "| action | context tokens | messages | steps | wrapper µs/step (median) | p90 |",
+             "|---|---|---|---|---|---|"]
+    for kind, rows in results.items():
+        lines += [f"| {kind} | {r['context_start']:,} | {r['messages']:,} | {r['steps']} | {r['median_us']:,.0f} | "
+                  f"{r['p90_us']:,.0f} |" for r in rows]
+    out = Path(__file__).resolve().parent / "results"
+    name = f"wrapper_overhead_long{args.tag}"
+    (out / f"{name}.json").write_text(json.dumps({"command": command, "machine": before, "uptime_after": after,
+                                                   "results": results}, indent=2) + "\n")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def table(rows, buckets) -> list[tuple[str, int, float, float]]:
     out = []
     for lo, hi in buckets:
@@ -99,11 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=34_000, help="token budget (the longest context)")
     parser.add_argument("--tool-lines", type=int, default=12, help="lines per tool output")
     parser.add_argument("--repeats", type=int, default=3, help="episodes per action kind (medians over all)")
+    parser.add_argument("--long", action="store_true", help="per-step cost at --marks tokens of trajectory")
+    parser.add_argument("--marks", type=int, nargs="+", default=[2_000, 32_000, 256_000, 1_000_000])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per mark (--long)")
+    parser.add_argument("--tag", default="", help="suffix of the result files' names (--long)")
+    parser.add_argument("--grow-lines", type=int, default=150, help="tool-output lines while growing (--long)")
     args = parser.parse_args(argv)
     tok = load_tokenizer()
     text = "Next: view app/core.py lines 40-64.\n<tool>view app/core.py 40 64</tool>"
     ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
     actions = {"str": text, "TokenResponse": TokenResponse(text, ids, [-0.1] * len(ids))}
+    if args.long:
+        return long_main(args, actions)
     buckets = [(0, 2_000), (2_000, 4_000), (8_000, 12_000), (16_000, 20_000), (28_000, 32_000)]
     print(f"ContextBudget per-step overhead (median µs; inner env time excluded), budget {args.budget}, "
           f"{args.tool_lines}-line tool outputs")

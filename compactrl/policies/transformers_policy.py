@@ -11,9 +11,10 @@ positions), finished rows leave the batch, and each row stops at its own end-of-
 
 from __future__ import annotations
 
-import logging
 import functools
+import logging
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -42,13 +43,54 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _head_log_probs(head: nn.Module | None, rows: torch.Tensor, targets: torch.Tensor, sampling: SamplingConfig,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` and the entropy for ``rows`` (``[R, H]`` hidden states through ``head``,
+    or ``[R, V]`` logits when ``head`` is None)."""
+    logp = sampling_log_probs(rows if head is None else head(rows), sampling)
+    token_lp = logp.gather(-1, targets[:, None]).squeeze(-1)
+    return token_lp, -(logp.exp() * logp).sum(-1)
+
+
+def chunked_log_probs(head: nn.Module | None, rows: torch.Tensor, targets: torch.Tensor, sampling: SamplingConfig,
+                      chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_head_log_probs` over at most ``chunk`` rows at a time (0: all at once).
+
+    Each chunk runs under ``torch.utils.checkpoint`` when gradients are on: autograd then keeps only
+    the chunk's inputs, and the backward recomputes one chunk's ``[chunk, vocab]`` logits at a time,
+    so neither pass holds more than O(chunk x vocab). Without it every chunk's log-softmax output
+    would stay alive for the backward and chunking would save nothing while training. Values and
+    gradients equal the unchunked ones up to float summation order.
+    """
+    if chunk <= 0 or rows.shape[0] <= chunk:
+        return _head_log_probs(head, rows, targets, sampling)
+    params = head.parameters() if head is not None else ()
+    grad = torch.is_grad_enabled() and (rows.requires_grad or any(p.requires_grad for p in params))
+    pieces = []
+    for r, t in zip(rows.split(chunk), targets.split(chunk)):
+        if grad:
+            pieces.append(torch.utils.checkpoint.checkpoint(_head_log_probs, head, r, t, sampling, use_reentrant=False))
+        else:
+            pieces.append(_head_log_probs(head, r, t, sampling))
+    return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
+
+
 def shift_token_log_probs(
-    logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig
+    logits: torch.Tensor, tokens: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingConfig,
+    chunk: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` and the entropy there; 0 at t=0 and padding."""
-    logp = sampling_log_probs(logits[:, :-1], sampling)
-    token_lp = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    """``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` and the entropy there; 0 at t=0 and padding.
+
+    ``chunk > 0`` runs the log-softmax over at most ``chunk`` positions at a time (the logits
+    themselves are the caller's; :meth:`TransformersPolicy.log_prob` avoids materialising them).
+    """
+    if chunk > 0:  # row by row: ``logits[i, :-1]`` is a view, where flattening the batch would copy it
+        rows = [chunked_log_probs(None, logits[i, :-1], tokens[i, 1:], sampling, chunk) for i in range(len(logits))]
+        token_lp, entropy = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+    else:
+        logp = sampling_log_probs(logits[:, :-1], sampling)
+        token_lp = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
     zero = token_lp.new_zeros(tokens.shape[0], 1)
     keep = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     token_lp = torch.cat([zero, token_lp.masked_fill(~keep, 0.0)], dim=1)
@@ -58,15 +100,54 @@ def shift_token_log_probs(
 
 def _selected_token_log_probs(head: nn.Module, hidden: torch.Tensor, tokens: torch.Tensor,
                               attention_mask: torch.Tensor, select: torch.Tensor, sampling: SamplingConfig,
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`shift_token_log_probs` at the positions ``select`` only, from the trunk's hidden states."""
+                              chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`shift_token_log_probs` at the positions ``select`` only, from the trunk's hidden states
+    (the head over at most ``chunk`` selected positions at a time when ``chunk > 0``)."""
     keep = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     rows = torch.cat([select.new_zeros(select.shape[0], 1), select[:, 1:] & keep], dim=1)
-    logp_all = sampling_log_probs(head(hidden[:, :-1][rows[:, 1:]]), sampling)
-    token_lp = logp_all.gather(-1, tokens[rows][:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    token_lp, entropy = chunked_log_probs(head, hidden[:, :-1][rows[:, 1:]], tokens[rows], sampling, chunk)
     zeros = torch.zeros(tokens.shape, dtype=token_lp.dtype, device=tokens.device)
     return zeros.masked_scatter(rows, token_lp), zeros.masked_scatter(rows, entropy)
+
+
+def enable_activation_checkpointing(model: nn.Module, enable: bool = True) -> None:
+    """Hugging Face activation checkpointing of every decoder layer (non-reentrant ``torch.utils.checkpoint``):
+    the backward recomputes each layer's activations instead of keeping them. Engaged only where
+    :func:`checkpointing_engaged` runs the forward (see there). ``enable=False`` switches it off again."""
+    if not enable:
+        if not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+            return
+        if hasattr(model, "activation_checkpointing_disable"):
+            model.activation_checkpointing_disable()
+        else:
+            model.gradient_checkpointing_disable()
+        return
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextmanager
+def checkpointing_engaged(model: nn.Module):
+    """Run a forward with the checkpointed decoder layers in training mode, their submodules untouched.
+
+    Hugging Face checkpoints a layer only when the layer itself is in training mode, but the learner
+    trains the policy in eval mode (no dropout, no router jitter): flipping the layers' own flag,
+    not their children's, engages checkpointing and changes nothing else of the forward.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+              and not m.training]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
 
 
 def router_aux_loss(model: nn.Module, router_logits: Any, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -214,6 +295,8 @@ class TransformersPolicy(nn.Module):
         stop_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 64,
         max_batch_tokens: int = 65536,
+        logprob_chunk_tokens: int = 0,
+        activation_checkpointing: bool = False,
         kv_cache_dtype: str = "auto",
     ) -> None:
         super().__init__()
@@ -227,7 +310,14 @@ class TransformersPolicy(nn.Module):
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if logprob_chunk_tokens < 0:
+            raise ValueError(f"logprob_chunk_tokens must be >= 0, got {logprob_chunk_tokens}")
         self.model = model
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        """``log_prob`` runs the LM head, log-softmax and entropy over at most this many positions at
+        a time (memory O(chunk x vocab), not O(T x vocab)); 0: all at once."""
+        if activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.tokenizer = tokenizer
         self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         self.max_new_tokens = max_new_tokens
@@ -337,6 +427,8 @@ class TransformersPolicy(nn.Module):
         tokens), and on a small model with a 4k vocabulary the head is most of a step's cost. With
         ``return_aux_loss=True`` a third value is the MoE router load-balancing loss (unscaled;
         multiply by e.g. ``model.config.router_aux_loss_coef``).
+        With ``logprob_chunk_tokens`` the head runs over at most that many (selected) positions at a
+        time and the full ``[N, L, vocab]`` logits are never built.
         """
         if tokens.shape != attention_mask.shape or tokens.dim() != 2:
             raise ValueError(f"tokens and attention_mask must both be [N, L], got {tuple(tokens.shape)} "
@@ -345,17 +437,23 @@ class TransformersPolicy(nn.Module):
             raise ValueError(f"select must be [N, L] like tokens {tuple(tokens.shape)}, got {tuple(select.shape)}")
         mask = attention_mask.long()
         sampling = self._sampling_for(temperature, top_k, top_p)
+        chunk = self.logprob_chunk_tokens
         trunk, head = getattr(self.model, "base_model", None), getattr(self.model, "lm_head", None)
-        if select is None or trunk is None or head is None or trunk is self.model:
-            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
-                             use_cache=False, output_router_logits=return_aux_loss)
-            lp, ent = shift_token_log_probs(out.logits, tokens, mask, sampling)
-            if select is not None:
-                lp, ent = lp.masked_fill(~select.bool(), 0.0), ent.masked_fill(~select.bool(), 0.0)
-        else:
-            out = trunk(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask),
-                        use_cache=False, output_router_logits=return_aux_loss)
-            lp, ent = _selected_token_log_probs(head, out.last_hidden_state, tokens, mask, select.bool(), sampling)
+        if chunk > 0 and select is None:
+            select = torch.ones_like(tokens, dtype=torch.bool)  # the head per chunk needs the trunk's path
+        positions = positions_from_mask(mask)
+        with checkpointing_engaged(self.model):
+            if select is None or trunk is None or head is None or trunk is self.model:
+                out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                                 use_cache=False, output_router_logits=return_aux_loss)
+                lp, ent = shift_token_log_probs(out.logits, tokens, mask, sampling, chunk)
+                if select is not None:
+                    lp, ent = lp.masked_fill(~select.bool(), 0.0), ent.masked_fill(~select.bool(), 0.0)
+            else:
+                out = trunk(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                            use_cache=False, output_router_logits=return_aux_loss)
+                lp, ent = _selected_token_log_probs(head, out.last_hidden_state, tokens, mask, select.bool(),
+                                                    sampling, chunk)
         if return_aux_loss:
             return lp, ent, router_aux_loss(self.model, getattr(out, "router_logits", None), mask)
         return lp, ent

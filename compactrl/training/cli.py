@@ -247,10 +247,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except RuntimeError as exc:
         from compactrl.serving.vllm.client import EngineFailure
+        from compactrl.training.ranks import LearnerRankError
 
-        if not isinstance(exc, EngineFailure):
+        if not isinstance(exc, (EngineFailure, LearnerRankError)):
             raise
-        log.debug("the vLLM engine failed", exc_info=True)
+        log.debug("the vLLM engine or a learner rank failed", exc_info=True)
         print(f"compactrl train: error: {exc}\ncontinue from the last checkpoint with: "  # noqa: T201
               f"compactrl train --resume --out {out}")
         return 1

@@ -261,6 +261,7 @@ class ShardedLearner:
     def load(self, path: Path, extra: dict[str, Any]) -> None:
         self.ranks.call("load", str(path), extra)
         self.pull()
+        self.check()  # the sampling copy scores like the restored ranks before any engine loads it
 
     def load_legacy(self, state: dict[str, Any]) -> None:
         raise ValueError(f"learner.ranks={self.cfg.learner.ranks}: this run's checkpoint holds a one-process learner "

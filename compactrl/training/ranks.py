@@ -37,7 +37,11 @@ from compactrl.training.update import Shard, Updater
 log = logging.getLogger(__name__)
 
 __all__ = ["RankWorker", "RayRanks", "TorchrunRanks", "follow", "free_port", "under_torchrun", "mixed_precision_policy",
-           "shard_module"]
+           "shard_module", "LearnerRankError"]
+
+class LearnerRankError(RuntimeError):
+    """A learner rank failed or died: the learner is stopped; the run resumes from its last checkpoint."""
+
 
 def under_torchrun() -> bool:
     """Whether this process was started by ``torchrun`` (its rendezvous variables are set)."""
@@ -283,19 +287,37 @@ class RayRanks:
                 timeout=timeout)
 
     def call(self, method: str, *args: Any) -> Any:
+        """Run ``method`` on every rank; rank 0's answer. A rank that fails or dies stops every rank at once
+        (the others would wait in a collective until the group's timeout) and raises :class:`LearnerRankError`."""
         import ray
 
+        if not self.actors:
+            raise LearnerRankError("the learner's ranks are closed")
         refs = [ray.put(a) if isinstance(a, TensorDict) else a for a in args]  # one copy for every rank
-        return ray.get([getattr(actor, method).remote(*refs) for actor in self.actors])[0]
+        calls = [getattr(actor, method).remote(*refs) for actor in self.actors]
+        pending = list(calls)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as exc:  # noqa: BLE001 - any failure of a rank ends the learner
+                rank = calls.index(done[0])
+                self.close(graceful=False)
+                raise LearnerRankError(f"learner rank {rank} failed in {method}: {type(exc).__name__}: "
+                                       f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from exc
+        return ray.get(calls[0])
 
-    def close(self) -> None:
+    def close(self, *, graceful: bool = True) -> None:
+        """Leave the process group and end every rank (``graceful=False``: end them at once, as after a
+        failure, when the others may be waiting in a collective for a dead one)."""
         import ray
 
         for a in getattr(self, "actors", []):
-            try:
-                ray.get(a.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead rank has nothing to close
-                log.debug("a learner rank did not close cleanly", exc_info=True)
+            if graceful:
+                try:
+                    ray.get(a.close.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - a dead rank has nothing to close
+                    log.debug("a learner rank did not close cleanly", exc_info=True)
             ray.kill(a)
         self.actors = []
         if getattr(self, "pg", None) is not None:

@@ -261,8 +261,10 @@ def build_policy(cfg: TrainConfig, tokenizer):
                          experts_per_token=m.experts_per_token, seed=m.init_seed)
     common = dict(max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
     # the rollouts' sampler gets the run's KV cache; held-out evaluation samples with the model's own
-    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed,
-                                kv_cache_dtype=cfg.rollout.kv_cache_dtype, **common)
+    policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common,
+                                kv_cache_dtype=cfg.rollout.kv_cache_dtype,
+                                logprob_chunk_tokens=cfg.learner.logprob_chunk_tokens,
+                                activation_checkpointing=cfg.learner.activation_checkpointing)
     eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
                                      **common)
     return policy, eval_policy

@@ -55,7 +55,8 @@ def build_critic(cfg: TrainConfig, policy):
 
     if cfg.rl.algo != "ppo":
         return None
-    return ValueModel.from_policy(policy, head_bias=cfg.model.critic_head_init)
+    return ValueModel.from_policy(policy, head_bias=cfg.model.critic_head_init,
+                                  activation_checkpointing=cfg.learner.activation_checkpointing)
 
 
 def make_demonstrator(kind: str, summary_quality: float, seed: int):

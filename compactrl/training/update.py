@@ -58,7 +58,9 @@ class Shard:
         if self.world > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+            y = x.to(self._comm_device())
+            dist.all_reduce(y, op=dist.ReduceOp.SUM, group=self.group)
+            x.copy_(y)
         return x
 
     def max_count(self, n: int) -> int:
@@ -67,9 +69,17 @@ class Shard:
             return n
         import torch.distributed as dist
 
-        t = torch.tensor([n], dtype=torch.int64)
+        t = torch.tensor([n], dtype=torch.int64, device=self._comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t)
+
+    def _comm_device(self) -> torch.device:
+        """Where the collectives' tensors must live: the current CUDA device under NCCL, else the CPU."""
+        import torch.distributed as dist
+
+        if dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
 
 SINGLE = Shard()
@@ -118,8 +128,8 @@ def learner_log_probs(policy, batch: TensorDict, micro_batch_tokens: int, shard:
     """The learner's log-probs of ``batch``'s policy tokens under its current weights (0 elsewhere), over
     packed micro-batches: before an update, the ``old_log_prob`` the importance corrections compare
     with the sampler's ``sample_log_prob``."""
-    def forward(tokens, mask, rows=None):
-        select = batch["policy_mask"][rows, :tokens.shape[1]].bool() if rows is not None else torch.zeros_like(mask).bool()
+    def forward(tokens, mask, rows=None):  # rows None: an idle pass, nothing selected
+        select = torch.zeros_like(mask).bool() if rows is None else batch["policy_mask"][rows, :tokens.shape[1]].bool()
         return policy.log_prob(tokens, mask, select=select)[0].masked_fill(~select, 0.0)
 
     return _packed_forward(forward, batch, micro_batch_tokens, shard, with_rows=True)

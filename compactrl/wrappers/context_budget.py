@@ -42,6 +42,7 @@ import gymnasium as gym
 from compactrl.envs.spaces import ChatMessages
 from compactrl.types import TokenResponse, Trace
 from compactrl.wrappers.chat_format import ChatFormat, chat_format, valid_unicode
+from compactrl.wrappers.context_views import PromptIds
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ class ContextBudget(gym.Wrapper):
         self.tokenizer = tokenizer
         self.fmt: ChatFormat = chat_format(tokenizer, tool_role=config.tool_role)
         self._instruction_ids = self.fmt.turn("user", config.summary_instruction)
+        self._instruction_msg = _message("user", config.summary_instruction)
         self._summary_header_ids = self.fmt.encode(config.summary_header)
         n_gen = len(self.fmt.generation_prompt)
         # room to close a response, ask for a summary and write it (see module docstring)
@@ -192,7 +194,7 @@ class ContextBudget(gym.Wrapper):
         self._check_fits(system, task_text, where=f"task {inner_info.get('task_id', '')!r}")
         self._episode_id += 1
         self._task_id = str(inner_info.get("task_id", ""))
-        self._prefix_msgs = [("system", system), ("user", task_text)]
+        self._prefix_msgs = [_message("system", system), _message("user", task_text)]
         self._prefix_ids = self.fmt.prefix(system, task_text)
         self._trace = _TraceBuilder(self._prefix_ids)
         self._messages = list(self._prefix_msgs)
@@ -215,9 +217,9 @@ class ContextBudget(gym.Wrapper):
         pos = self._append_response(resp, summary=False)
         tool_text, reward, terminated, truncated, inner_info = self.env.step(resp.text)
         self._trace.rewards[pos] = float(reward)
-        self._messages.append(("assistant", resp.text))
+        self._messages.append(_message("assistant", resp.text))
         tool_text, tool_ids, clipped = self._tool_turn(tool_text)
-        self._messages.append(("tool", tool_text))
+        self._messages.append(_message("tool", tool_text))
         extra = {"clipped_tokens": clipped}
         if terminated or truncated:
             return self._end(reward, terminated, truncated, inner_info, extra)
@@ -225,7 +227,7 @@ class ContextBudget(gym.Wrapper):
         if self._fits(prompt_len, soft=self._compactions < self.config.max_compactions):
             self._trace.add(tool_ids)
         elif self._compactions < self.config.max_compactions:
-            self._messages[-1] = ("user", self.config.summary_instruction)
+            self._messages[-1] = self._instruction_msg
             self._held_tool = (tool_text, tool_ids)
             self._trace.add(self._instruction_ids)
             self._compaction_required = True
@@ -246,7 +248,8 @@ class ContextBudget(gym.Wrapper):
         summary_ids = [*self.fmt.user.header, *self._summary_header_ids, *content, *self.fmt.user.footer]
         held_text, held_ids = self._held_tool
         self._trace = _TraceBuilder(self._prefix_ids + summary_ids + held_ids)
-        self._messages = [*self._prefix_msgs, ("user", self.config.summary_header + resp.text), ("tool", held_text)]
+        self._messages = [*self._prefix_msgs, _message("user", self.config.summary_header + resp.text),
+                          _message("tool", held_text)]
         self._trace_index += 1
         self._compaction_required, self._held_tool = False, None
         if not self._fits(len(self._trace) + len(self.fmt.generation_prompt), soft=False):
@@ -374,10 +377,13 @@ class ContextBudget(gym.Wrapper):
         return system
 
     def _observation(self) -> tuple[dict[str, str], ...]:
-        return tuple({"role": r, "content": c} for r, c in self._messages)
+        # Gymnasium wants new objects in every observation (check_env checks): copies of the kept
+        # dicts, which never leave the wrapper (half the cost of building each dict anew)
+        return tuple(map(dict.copy, self._messages))
 
     def _info(self, inner_info: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        prompt = [*self._trace.ids, *self.fmt.generation_prompt]
+        # a view of the trace's ids as they are now (the list only grows): no O(context) copy per step
+        prompt = PromptIds(self._trace.ids, len(self._trace.ids), self.fmt.generation_prompt)
         return {
             **inner_info,
             "task_id": self._task_id,
@@ -389,6 +395,10 @@ class ContextBudget(gym.Wrapper):
             "max_new_tokens": self.config.summary_tokens if self._compaction_required else self.config.reserve,
             **extra,
         }
+
+
+def _message(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
 
 
 def _whole_chars(fmt: ChatFormat, text: str, ids: list[int], head: int, tail: int) -> tuple[int, int]:

@@ -203,4 +203,32 @@ def test_ranks_that_cannot_be_placed_fail_within_the_start_timeout(ray_cluster):
     assert time.monotonic() - t0 < 30
     import ray
 
-    assert ray.available_resources().get("CPU", 0) == 2  # the placement group was removed
+    deadline = time.monotonic() + 20  # the placement group was removed
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 2
+
+
+def test_a_dead_rank_stops_the_learner_with_a_clear_error_not_a_hang(ray_cluster):
+    import time
+
+    import ray
+
+    from compactrl.training.ranks import LearnerRankError
+
+    cfg = _cfg("grpo")
+    local = _local(cfg)
+    sharded = _sharded(cfg, local.policy)
+    try:
+        ray.kill(sharded.ranks.actors[1])
+        t0 = time.monotonic()
+        with pytest.raises(LearnerRankError, match="learner rank 1"):
+            sharded.update(sharded.advantages(_batch(0)))
+        assert time.monotonic() - t0 < 30  # not the process group's timeout
+        assert sharded.ranks.actors == []  # every rank stopped, their CPUs back
+        deadline = time.monotonic() + 20
+        while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray.available_resources().get("CPU", 0) == 2
+    finally:
+        sharded.close()
