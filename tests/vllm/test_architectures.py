@@ -1,8 +1,8 @@
 """The GLM MLA architectures and the features a CPU may lack, on the real engine: glm4_moe_lite
 (GLM-4.7-Flash) serves and syncs exactly up to float32 re-association in vLLM's MLA; glm_moe_dsa
 (GLM-5 class) and routed-expert return fail at engine start on any CPU with vLLM's own message naming
-what is missing; the FP8 KV cache fails so on a CPU without AVX-512 or AMX, and where the CPU has one
-it serves, its log-prob deviation from the float32 learner measured and bounded."""
+what is missing; the FP8 KV cache is refused before the start on a CPU without AVX-512 or AMX, and
+where the CPU has one it serves, its log-prob deviation from the float32 learner measured and bounded."""
 
 from __future__ import annotations
 
