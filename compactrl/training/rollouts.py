@@ -219,13 +219,16 @@ def in_process_collector(cfg: TrainConfig, policy: Any, *, pad_id: int, run: Run
 
 
 def report_lines(cfg: TrainConfig, rows: list[dict[str, Any]]) -> list[str]:
-    """The run report's lines about its rollout source, from the metrics ``rows``: the vLLM engine's dtype
-    and the largest probe mismatch of its syncs; none for the sources that generate with the learner's model."""
+    """The run report's lines about its rollout source, from the metrics ``rows``: the vLLM engine's dtype,
+    KV cache and the largest probe mismatch of its syncs; the learner's model sampling with an fp8 KV
+    cache; none for the sources that generate with the learner's model as it is."""
+    fp8 = cfg.rollout.kv_cache_dtype == "fp8"
     if cfg.rollout.engine != "vllm":
-        return []
+        return ["- rollouts: the learner's model sampling with an FP8 KV cache (compactrl's Fp8KVCache, "
+                "vLLM's scheme)"] if fp8 else []
     worst = max(x.get("engine/probe_max_abs_dlogp", 0.0) for x in rows)
-    return [f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}), synced after every update and "
-            f"checked on a probe batch (largest max |delta log p|: {worst:.2g})"]
+    return [f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}{', fp8 KV cache' if fp8 else ''}), "
+            f"synced after every update and checked on a probe batch (largest max |delta log p|: {worst:.2g})"]
 
 
 # -- the building blocks ------------------------------------------------------------------------------

@@ -167,6 +167,10 @@ def test_the_run_config_reaches_both_samplers(tokenizer, monkeypatch):
     assert R.engine_settings(preset("smoke"), policy)[0]["kv_cache_dtype"] == "auto"
     with pytest.raises(ValueError, match="rollout.kv_cache_dtype"):
         override(preset("smoke"), {"rollout.kv_cache_dtype": "fp8_e5m2"})
+    # the run report says which sampler ran with which cache
+    assert "FP8 KV cache" in R.report_lines(cfg, [])[0] and R.report_lines(preset("smoke"), []) == []
+    vllm_line = R.report_lines(override(cfg, {"rollout.engine": "vllm"}), [{"engine/probe_max_abs_dlogp": 0.1}])[0]
+    assert "fp8 KV cache" in vllm_line and "0.1" in vllm_line
 
 
 def test_vllms_cpu_refusal_is_known_before_the_engine_starts():
