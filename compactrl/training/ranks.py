@@ -117,12 +117,13 @@ class RankWorker:
             dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=max(cfg.learner.start_timeout_s, 600)),
                                     **kwargs)
-        if cuda:
+        self.device = torch.device("cpu")
+        if cuda:  # under torchrun LOCAL_RANK names the GPU; a Ray actor sees only the GPU it was given
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", torch.cuda.current_device())
         with torch.random.fork_rng(devices=[]):  # the trainer's process may be rank 0: keep its RNG as it was
             policy, _ = build_policy(cfg, shared_tokenizer())
-        if cuda:
-            policy.model.cuda()
+        policy.model.to(self.device)
         with torch.no_grad():
             own = policy.model.state_dict()
             for name, t in own.items():
@@ -144,13 +145,13 @@ class RankWorker:
         """Critic values (each rank its rows) and the advantages of the whole batch; rank 0 sends the new
         entries back."""
         before = set(batch.keys())
-        out = self.updater.advantages(batch)
+        out = self.updater.advantages(batch.to(self.device))
         if self.rank:
             return None
-        return out.select(*[k for k in out.keys() if k not in before or k == "value"])
+        return out.select(*[k for k in out.keys() if k not in before or k == "value"]).cpu()
 
     def update(self, batch: TensorDict, kwargs: dict[str, Any]) -> dict[str, float]:
-        return self.updater.update(batch, **kwargs)
+        return self.updater.update(batch.to(self.device), **kwargs)
 
     def steps_per_batch(self) -> int:
         return self.updater.steps_per_batch()
@@ -193,7 +194,7 @@ class RankWorker:
         """``log p(seq[t] | seq[:t])`` for ``t >= 1`` with the sharded weights (temperature 1, no truncation)."""
         out = []
         for seq in sequences:
-            ids = torch.tensor([list(seq)])
+            ids = torch.tensor([list(seq)], device=self.device)
             lp, _ = self.policy.log_prob(ids, torch.ones_like(ids), temperature=1.0, top_k=0, top_p=1.0)
             out.append(lp[0, 1:].float().tolist())
         return out if self.rank == 0 else None

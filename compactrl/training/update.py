@@ -138,7 +138,7 @@ def learner_log_probs(policy, batch: TensorDict, micro_batch_tokens: int, shard:
 def _packed_forward(fn, batch: TensorDict, micro_batch_tokens: int, shard: Shard, *, with_rows: bool = False,
                     ) -> torch.Tensor:
     """``fn(tokens, mask)`` at every position of ``batch`` over packed micro-batches, each rank its rows."""
-    out = torch.zeros(batch["tokens"].shape, dtype=torch.float32)
+    out = torch.zeros(batch["tokens"].shape, dtype=torch.float32, device=batch["tokens"].device)
     lengths = row_lengths(batch["attention_mask"])
     mine = rank_rows(lengths, shard)
     packs = [mine[rows] for rows in pack_rows(lengths[mine], micro_batch_tokens)] if mine.numel() else []

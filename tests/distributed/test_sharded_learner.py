@@ -76,9 +76,13 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
         assert diff <= 1e-4 * scale + 1e-9, (k, diff, scale)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_two_ranks_give_one_process_gradients_and_parameters(ray_cluster, algo):
-    cfg = _cfg(algo)
+@pytest.mark.parametrize("algo,long_traces", [("ppo", False), ("grpo", False), ("ppo", True)],
+                         ids=["ppo", "grpo", "ppo-chunked-checkpointed"])
+def test_two_ranks_give_one_process_gradients_and_parameters(ray_cluster, algo, long_traces):
+    """``long_traces``: log-probs in chunks of 8 positions and activation checkpointing, on both sides (the
+    chunks' recomputation in the backward runs inside the sharded root's hooks)."""
+    cfg = _cfg(algo, **({"learner.logprob_chunk_tokens": 8, "learner.activation_checkpointing": True}
+                        if long_traces else {}))
     local = _local(cfg)
     sharded = _sharded(cfg, local.policy)
     try:

@@ -38,10 +38,9 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "learner.launcher": "tests/vllm/test_sharded_sync.py::test_a_smoke_run_with_two_learner_ranks_and_the_engine_finishes_clean",
     "learner.sync_bucket_mb": "tests/distributed/test_sharded_learner.py::test_a_sync_fills_the_sampling_copy_and_a_corrupted_bucket_is_caught",
     "learner.mixed_precision": "tests/distributed/test_sharded_learner.py::test_mixed_precision_is_bf16_where_asked_or_on_cuda",
-    # memory options of the learner's forward: values equal up to float order, observed where they reach it
+    "learner.start_timeout_s": "tests/distributed/test_sharded_learner.py::test_ranks_that_cannot_be_placed_fail_within_the_start_timeout",
     "learner.logprob_chunk_tokens": "tests/policies/test_long_traces.py::test_the_learner_config_reaches_the_policy_and_the_critic",
     "learner.activation_checkpointing": "tests/policies/test_long_traces.py::test_the_learner_config_reaches_the_policy_and_the_critic",
-    "learner.start_timeout_s": "tests/distributed/test_sharded_learner.py::test_ranks_that_cannot_be_placed_fail_within_the_start_timeout",
 }
 
 # the smoke env rarely compacts: demonstrations whose summaries matter need the main job's env
