@@ -39,9 +39,17 @@ class PolicyLossConfig:
     """Entry holding the reference log-probs: ``sample_log_prob`` (the sampling policy's, in every
     trace batch) or e.g. ``ref_log_prob`` written by a frozen reference model."""
     tis_cap: float | None = None
-    """Truncated importance sampling: when the batch has ``old_log_prob`` (the trainer's own
+    """Truncated importance sampling (TIS): when the batch has ``old_log_prob`` (the trainer's own
     log-probs) beside ``sample_log_prob`` (another engine's), weight each token by
-    ``min(exp(old - sample), tis_cap)``; None disables it."""
+    ``min(exp(old - sample), tis_cap)`` (detached); None disables it. Metric: ``tis_clip_fraction``."""
+    mis_high: float | None = None
+    """Masked importance sampling (MIS): with ``old_log_prob`` beside ``sample_log_prob``, a token whose
+    learner/sampler ratio ``exp(old - sample)`` is above ``mis_high`` (or below ``mis_low``) is dropped
+    from the policy loss (objective, entropy, KL) and from its token count, as verl's rollout rejection
+    and slime's MIS do, so the kept tokens are averaged among themselves; None disables it (> 1).
+    Metric: ``mis_drop_fraction``. With ``tis_cap`` too, the kept tokens are also TIS-weighted."""
+    mis_low: float = 0.0
+    """MIS's lower ratio bound, in [0, 1) (0: no lower bound); only with ``mis_high``."""
     train_summaries: bool = True
     """Keep summary tokens in the policy loss; False masks them out (the critic still learns them)."""
     normalization: Literal["token", "trace"] = "token"
@@ -55,6 +63,11 @@ class PolicyLossConfig:
             _check(getattr(self, name) >= 0, name, ">= 0", getattr(self, name))
         _check(self.kl_estimator in ("k1", "k3"), "kl_estimator", "k1|k3", self.kl_estimator)
         _check(self.tis_cap is None or self.tis_cap > 0, "tis_cap", "None or > 0", self.tis_cap)
+        _check(self.mis_high is None or self.mis_high > 1, "mis_high", "None or > 1 (ratio 1 is always kept)",
+               self.mis_high)
+        _check(0 <= self.mis_low < 1, "mis_low", "a value in [0, 1)", self.mis_low)
+        _check(self.mis_high is not None or self.mis_low == 0, "mis_low", "0 without mis_high (MIS is off)",
+               self.mis_low)
         _check(self.normalization in ("token", "trace"), "normalization", "token|trace", self.normalization)
 
 

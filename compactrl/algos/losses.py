@@ -135,7 +135,15 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class _PolicyLoss(LossModule):
-    """The clipped policy objective with entropy, KL and truncated-IS options."""
+    """The clipped policy objective with entropy, KL and the importance corrections (TIS, MIS).
+
+    Both corrections read the learner/sampler ratio ``exp(old_log_prob - sample_log_prob)``, a property
+    of the batch (not of the weights being trained): TIS weights each token by it, capped; MIS drops the
+    tokens outside its bounds from the policy loss, numerator and denominator (as verl's rollout
+    rejection and slime's MIS: the kept tokens are averaged among themselves). Call
+    :meth:`add_normalizers` on the whole batch before splitting it, so the kept-token counts are the
+    whole batch's and micro-batching still leaves the gradient unchanged.
+    """
 
     routing_replay: bool = False
     """Replay the batch's ``routed_experts`` in the forward (``RLConfig.routing_replay``;
@@ -148,10 +156,32 @@ class _PolicyLoss(LossModule):
         keys = ["tokens", "attention_mask", "policy_mask", "sample_log_prob", "advantage"]
         keys += [] if config.train_summaries else ["summary_mask"]
         keys += [config.kl_ref_key] if config.kl_coef > 0 else []
-        self.in_keys = keys + (["old_log_prob"] if config.tis_cap is not None else [])
+        corrected = config.tis_cap is not None or config.mis_high is not None
+        self.in_keys = keys + (["old_log_prob"] if corrected else [])
         self.out_keys = ["loss_objective"] + [
             key for key, on in (("loss_entropy", config.entropy_coef), ("loss_kl", config.kl_coef)) if on > 0
         ]
+
+    def mis_keep(self, td: TensorDictBase, mask: torch.Tensor) -> torch.Tensor | None:
+        """The tokens of ``mask`` MIS keeps (ratio within ``[mis_low, mis_high]``); None when MIS is off."""
+        cfg = self.config
+        if cfg.mis_high is None:
+            return None
+        sample = td["sample_log_prob"].float()
+        old = td["old_log_prob"].float() if "old_log_prob" in td.keys() else sample
+        ratio = _masked(old - sample, mask).exp()
+        return mask & (ratio >= cfg.mis_low) & (ratio <= cfg.mis_high)
+
+    def add_normalizers(self, batch: TensorDictBase) -> TensorDictBase:
+        """:func:`add_loss_normalizers` for this loss: with MIS, the policy loss's token and trace counts
+        are those of the tokens it keeps (the value loss's are unchanged)."""
+        add_loss_normalizers(batch, train_summaries=self.config.train_summaries)
+        keep = self.mis_keep(batch, loss_mask(batch, train_summaries=self.config.train_summaries))
+        if keep is not None:
+            n = batch.shape[0]
+            batch.set("num_loss_tokens", keep.sum().to(torch.int64).expand(n).clone())
+            batch.set("num_loss_traces", keep.any(-1).sum().to(torch.int64).expand(n).clone())
+        return batch
 
     def _reduce(self, x: torch.Tensor, mask: torch.Tensor, td: TensorDictBase) -> torch.Tensor:
         if self.config.normalization == "token":
@@ -163,6 +193,11 @@ class _PolicyLoss(LossModule):
         """``loss_objective`` (+ ``loss_entropy``, ``loss_kl``) and policy diagnostics."""
         cfg = self.config
         mask = loss_mask(td, train_summaries=cfg.train_summaries)
+        out = {}
+        keep = self.mis_keep(td, mask)
+        if keep is not None:
+            out["mis_drop_fraction"] = _mean((mask & ~keep).float(), mask)
+            mask = keep
         # the actor computes log-probs only where the loss reads them (its LM head is most of a step)
         with batch_replay(self.actor, td, self.routing_replay):
             logp, entropy = self.actor.log_prob(td["tokens"], td["attention_mask"], mask)
@@ -174,7 +209,6 @@ class _PolicyLoss(LossModule):
         adv = td["advantage"].float()
         clipped = ratio.clamp(1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
         per_token = -torch.minimum(ratio * adv, clipped * adv)
-        out = {}
         if cfg.tis_cap is not None:
             weight = _masked(old - sample, mask).exp().clamp(max=cfg.tis_cap).detach()
             per_token = per_token * weight

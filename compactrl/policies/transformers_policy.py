@@ -11,8 +11,9 @@ positions), finished rows leave the batch, and each row stops at its own end-of-
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -194,13 +195,15 @@ def generate_tokens(
     generator: torch.Generator | None = None,
     top_logprobs: int = 0,
     report: SamplingConfig | None = None,
+    make_cache: Callable[[Any], Any] | None = None,
 ) -> list[Generated]:
     """Sample continuations of ``prompts`` in one batch (KV cache, per-row stop and budget).
 
     Log-probs are those of ``sampling``'s distribution, or of ``report``'s when given (e.g.
     ``SamplingConfig()`` for vLLM's "raw_logprobs": the untempered, untruncated model). An MoE model's
     routes of the prompt and generated tokens come with each result (``Generated.routed_experts``,
-    :func:`compactrl.policies.routing.records_routes`).
+    :func:`compactrl.policies.routing.records_routes`). ``make_cache(model.config)`` builds the KV cache
+    (default: a ``DynamicCache``; e.g. :func:`compactrl.policies.fp8_cache.make_kv_cache` for an fp8 one).
     """
     if len(prompts) != len(max_new_tokens):
         raise ValueError(f"{len(prompts)} prompts but {len(max_new_tokens)} max_new_tokens")
@@ -214,7 +217,7 @@ def generate_tokens(
     budget = torch.tensor([int(n) for n in max_new_tokens], device=device)
     ids, mask = _left_pad(prompts, pad_id, device)
     positions = positions_from_mask(mask)
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if make_cache is None else make_cache(model.config)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
                 use_cache=True, logits_to_keep=1)
     rows = torch.arange(len(prompts), device=device)  # original index of each live batch row
@@ -275,6 +278,9 @@ def batch_chunks(lengths_desc: Sequence[int], max_rows: int, max_tokens: int) ->
 class TransformersPolicy(nn.Module):
     """A Hugging Face causal LM as a compactrl policy (``act``) and as a trainable module (``log_prob``).
 
+    ``kv_cache_dtype``: the sampler's KV cache, ``auto`` (the model's dtype) or ``fp8`` (float8 e4m3 with
+    vLLM's per-tensor scales, :mod:`compactrl.policies.fp8_cache`); ``log_prob`` never uses a cache.
+
     ``state_dict()`` / ``load_state_dict()`` pass through to ``model`` (Hugging Face parameter names);
     ``save_pretrained(dir)`` writes model and tokenizer, ``from_pretrained(dir)`` reads them back.
     """
@@ -294,8 +300,13 @@ class TransformersPolicy(nn.Module):
         max_batch_tokens: int = 65536,
         logprob_chunk_tokens: int = 0,
         activation_checkpointing: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         super().__init__()
+        from compactrl.policies.fp8_cache import KV_CACHE_DTYPES
+
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: expected one of {'|'.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if max_batch_size < 1:
@@ -315,6 +326,7 @@ class TransformersPolicy(nn.Module):
         self.max_new_tokens = max_new_tokens
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.kv_cache_dtype = kv_cache_dtype
         self.stop_token_ids = sorted(set(stop_token_ids)) if stop_token_ids else default_stop_ids(tokenizer, model)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         self.generator = torch.Generator(device=next(model.parameters()).device)
@@ -372,11 +384,19 @@ class TransformersPolicy(nn.Module):
             gens = generate_tokens(
                 self.model, [prompts[i] for i in chunk], [max_new_tokens[i] for i in chunk],
                 sampling=sampling or self.sampling, stop_ids=self.stop_token_ids, pad_id=self.pad_token_id,
-                generator=self.generator, top_logprobs=top_logprobs,
+                generator=self.generator, top_logprobs=top_logprobs, make_cache=self._make_cache(),
             )
             for i, g in zip(chunk, gens):
                 out[i] = g
         return out  # type: ignore[return-value]
+
+    def _make_cache(self) -> Callable[[Any], Any] | None:
+        """The sampler's KV cache factory: None (a ``DynamicCache``) or vLLM's fp8 scheme (``kv_cache_dtype``)."""
+        if self.kv_cache_dtype == "auto":
+            return None
+        from compactrl.policies.fp8_cache import make_kv_cache
+
+        return functools.partial(make_kv_cache, self.kv_cache_dtype)
 
     # -- training ----------------------------------------------------------------------------------
 

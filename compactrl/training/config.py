@@ -381,6 +381,7 @@ RolloutSource = Literal["env", "mini_swe_agent"]
 AgentConfigName = Literal["default.yaml", "mini.yaml"]
 RolloutEngine = Literal["transformers", "vllm"]
 EngineDtype = Literal["float32", "bfloat16"]
+KVCacheDtype = Literal["auto", "fp8"]
 
 
 @dataclass(frozen=True)
@@ -412,6 +413,11 @@ class RolloutConfig:
     engine_sync_tolerance: float = 0.0
     """``vllm`` only: largest max |delta log p| between engine and learner on the probe batch after a
     sync before the run stops (0: by dtype, 1e-3 for float32, 0.5 for bfloat16)."""
+    kv_cache_dtype: KVCacheDtype = "auto"
+    """The sampler's KV cache: ``auto`` (the model's dtype) or ``fp8`` (float8 e4m3 keys and values with
+    per-tensor scales 1.0): vLLM's own ``kv_cache_dtype="fp8"`` with ``engine=vllm`` (a CPU needs AVX-512
+    or AMX for it), compactrl's transformers ``Fp8KVCache`` (vLLM's scheme, any CPU) with
+    ``engine=transformers``. The learner always scores in full precision (docs/mismatch.md)."""
 
     def __post_init__(self) -> None:
         _check(self.source in _choices(RolloutSource), "rollout.source", "|".join(_choices(RolloutSource)),
@@ -425,6 +431,8 @@ class RolloutConfig:
                self.engine_dtype)
         _check(self.engine_sync_tolerance >= 0, "rollout.engine_sync_tolerance", ">= 0 (0: by dtype)",
                self.engine_sync_tolerance)
+        _check(self.kv_cache_dtype in _choices(KVCacheDtype), "rollout.kv_cache_dtype",
+               "|".join(_choices(KVCacheDtype)), self.kv_cache_dtype)
         try:
             re.compile(self.action_regex)
         except re.error as exc:

@@ -223,13 +223,16 @@ def in_process_collector(cfg: TrainConfig, policy: Any, *, pad_id: int, run: Run
 
 
 def report_lines(cfg: TrainConfig, rows: list[dict[str, Any]]) -> list[str]:
-    """The run report's lines about its rollout source, from the metrics ``rows``: the vLLM engine's dtype
-    and the largest probe mismatch of its syncs; none for the sources that generate with the learner's model."""
+    """The run report's lines about its rollout source, from the metrics ``rows``: the vLLM engine's dtype,
+    KV cache and the largest probe mismatch of its syncs; the learner's model sampling with an fp8 KV
+    cache; none for the sources that generate with the learner's model as it is."""
+    fp8 = cfg.rollout.kv_cache_dtype == "fp8"
     if cfg.rollout.engine != "vllm":
-        return []
+        return ["- rollouts: the learner's model sampling with an FP8 KV cache (compactrl's Fp8KVCache, "
+                "vLLM's scheme)"] if fp8 else []
     worst = max(x.get("engine/probe_max_abs_dlogp", 0.0) for x in rows)
-    return [f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}), synced after every update and "
-            f"checked on a probe batch (largest max |delta log p|: {worst:.2g})"]
+    return [f"- rollouts: a vLLM engine process ({cfg.rollout.engine_dtype}{', fp8 KV cache' if fp8 else ''}), "
+            f"synced after every update and checked on a probe batch (largest max |delta log p|: {worst:.2g})"]
 
 
 # -- the building blocks ------------------------------------------------------------------------------
@@ -250,7 +253,8 @@ def make_env_fns(cfg: EnvConfig, *, split: str, count: int, budget: int | None =
 
 
 def build_policy(cfg: TrainConfig, tokenizer):
-    """The trained policy (tiny MoE from a seeded init, or a saved model) and a greedy twin for evaluation."""
+    """The trained policy (tiny MoE from a seeded init, or a saved model; its sampler's KV cache is
+    ``rollout.kv_cache_dtype``) and a greedy twin for evaluation."""
     from compactrl.policies.tiny_moe import tiny_moe
     from compactrl.policies.transformers_policy import TransformersPolicy
 
@@ -263,7 +267,9 @@ def build_policy(cfg: TrainConfig, tokenizer):
         model = tiny_moe(m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers, num_experts=m.num_experts,
                          experts_per_token=m.experts_per_token, seed=m.init_seed)
     common = dict(max_new_tokens=cfg.env.context_budget.reserve, max_batch_size=cfg.env.num_envs * 4)
+    # the rollouts' sampler gets the run's KV cache; held-out evaluation samples with the model's own
     policy = TransformersPolicy(model, tokenizer, temperature=m.temperature, seed=cfg.seed, **common,
+                                kv_cache_dtype=cfg.rollout.kv_cache_dtype,
                                 logprob_chunk_tokens=cfg.learner.logprob_chunk_tokens,
                                 activation_checkpointing=cfg.learner.activation_checkpointing)
     eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
@@ -306,7 +312,7 @@ def engine_settings(cfg: TrainConfig, policy) -> tuple[dict[str, Any], dict[str,
     it samples like ``policy``; pure, so the config's reach is testable without starting an engine."""
     ro = cfg.rollout
     s = policy.sampling
-    engine = dict(dtype=ro.engine_dtype, seed=cfg.seed, threads=cfg.threads,
+    engine = dict(dtype=ro.engine_dtype, kv_cache_dtype=ro.kv_cache_dtype, seed=cfg.seed, threads=cfg.threads,
                   max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192)
     kwargs = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
                   seed=cfg.seed, stop_token_ids=policy.stop_token_ids, sync_tolerance=ro.engine_sync_tolerance or None)

@@ -5,7 +5,8 @@
 things the trainer does with a collected batch:
 
 * :meth:`Updater.advantages`: critic values at every token (PPO), then the advantage estimator of
-  :func:`~compactrl.algos.losses.advantage_estimator` on the whole batch;
+  :func:`~compactrl.algos.losses.advantage_estimator` on the whole batch (and, with TIS or MIS on, the
+  learner's own log-probs as ``old_log_prob``);
 * :meth:`Updater.update`: ``epochs`` passes, each split into ``minibatches`` disjoint row sets of
   near-equal policy-token counts; per minibatch ``critic_updates`` critic steps, then one policy
   step. Each step accumulates gradients over micro-batches packed under ``micro_batch_tokens``;
@@ -37,11 +38,12 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from compactrl.algos.losses import add_loss_normalizers, advantage_estimator, build_losses
+from compactrl.algos.losses import advantage_estimator, build_losses
 from compactrl.algos.packing import micro_batches, pack_rows, row_lengths
 from compactrl.policies.routing import batch_replay, critic_routers
 
-__all__ = ["Updater", "Shard", "SINGLE", "critic_values", "split_minibatches", "optimizer_step", "rank_rows"]
+__all__ = ["Updater", "Shard", "SINGLE", "critic_values", "learner_log_probs", "split_minibatches", "optimizer_step",
+           "rank_rows"]
 
 
 @dataclass(frozen=True)
@@ -121,20 +123,49 @@ def critic_values(critic, batch: TensorDict, micro_batch_tokens: int, shard: Sha
     """``V`` at every position of ``batch``, computed over packed micro-batches (each rank its share of the
     rows, the whole result summed over the ranks); the batch's routes replayed as in the critic loss when
     ``routing_replay``."""
+    def forward(tokens, mask, rows=None):  # rows None: an idle pass
+        part = {"tokens": tokens, "routed_experts": _rows_of(batch, "routed_experts", rows)}
+        with batch_replay(critic_routers(critic), part, routing_replay):
+            return critic.value(tokens, mask)
+
+    return _packed_forward(forward, batch, micro_batch_tokens, shard)
+
+
+@torch.no_grad()
+def learner_log_probs(policy, batch: TensorDict, micro_batch_tokens: int, shard: Shard = SINGLE, *,
+                      routing_replay: bool = False) -> torch.Tensor:
+    """The learner's log-probs of ``batch``'s policy tokens under its current weights (0 elsewhere), over
+    packed micro-batches (the batch's routes replayed when ``routing_replay``, as in the policy loss):
+    before an update, the ``old_log_prob`` the importance corrections compare with the sampler's
+    ``sample_log_prob``."""
+    def forward(tokens, mask, rows=None):  # rows None: an idle pass, nothing selected
+        select = torch.zeros_like(mask).bool() if rows is None else batch["policy_mask"][rows, :tokens.shape[1]].bool()
+        part = {"tokens": tokens, "routed_experts": _rows_of(batch, "routed_experts", rows)}
+        with batch_replay(policy, part, routing_replay):
+            return policy.log_prob(tokens, mask, select=select)[0].masked_fill(~select, 0.0)
+
+    return _packed_forward(forward, batch, micro_batch_tokens, shard)
+
+
+def _rows_of(batch: TensorDict, key: str, rows: torch.Tensor | None) -> torch.Tensor | None:
+    value = batch.get(key, None)
+    return None if value is None or rows is None else value[rows]
+
+
+def _packed_forward(fn, batch: TensorDict, micro_batch_tokens: int, shard: Shard) -> torch.Tensor:
+    """``fn(tokens, mask, rows)`` at every position of ``batch`` over packed micro-batches, each rank its rows
+    (``fn(tokens, mask)`` for a rank's idle passes)."""
     out = torch.zeros(batch["tokens"].shape, dtype=torch.float32, device=batch["tokens"].device)
     lengths = row_lengths(batch["attention_mask"])
     mine = rank_rows(lengths, shard)
     packs = [mine[rows] for rows in pack_rows(lengths[mine], micro_batch_tokens)] if mine.numel() else []
     for rows in packs + [None] * (shard.max_count(len(packs)) - len(packs)):
         if rows is None:  # idle pass: this rank has no rows left
-            critic.value(batch["tokens"][:1, :1], batch["attention_mask"][:1, :1])
+            fn(batch["tokens"][:1, :1], batch["attention_mask"][:1, :1])
             continue
         width = max(int(lengths[rows].max()), 1)
         tokens, mask = batch["tokens"][rows, :width], batch["attention_mask"][rows, :width]
-        routes = batch.get("routed_experts", None)
-        part = {"tokens": tokens, "routed_experts": routes[rows] if routes is not None else None}
-        with batch_replay(critic_routers(critic), part, routing_replay):
-            out[rows, :width] = critic.value(tokens, mask).float()
+        out[rows, :width] = fn(tokens, mask, rows).float()
     return shard.all_sum(out)
 
 
@@ -219,7 +250,13 @@ class Updater:
         self.generator = torch.Generator().manual_seed(seed)
 
     def advantages(self, batch: TensorDict) -> TensorDict:
-        """Critic values (PPO) and advantages (and value targets) over the whole batch, in place."""
+        """Critic values (PPO) and advantages (and value targets) over the whole batch, in place; with an
+        importance correction on (``tis_cap``, ``mis_high``) and no ``old_log_prob`` in the batch, the
+        learner's log-probs before the update are written there."""
+        loss = self.rl.loss
+        if (loss.tis_cap is not None or loss.mis_high is not None) and "old_log_prob" not in batch.keys():
+            batch["old_log_prob"] = learner_log_probs(self.policy, batch, self.rl.micro_batch_tokens, self.shard,
+                                                      routing_replay=self.loss.routing_replay)
         if self.critic is not None:
             batch["value"] = critic_values(self.critic, batch, self.rl.micro_batch_tokens, self.shard,
                                            routing_replay=self.loss.routing_replay)
@@ -235,7 +272,7 @@ class Updater:
         step = dict(micro_batch_tokens=rl.micro_batch_tokens, max_grad_norm=rl.max_grad_norm, shard=self.shard)
         for _ in range(rl.epochs):
             for rows in split_minibatches(batch, minibatches or rl.minibatches, self.generator):
-                mb = add_loss_normalizers(batch[rows], train_summaries=rl.loss.train_summaries)
+                mb = self.loss.add_normalizers(batch[rows])  # whole-minibatch counts (MIS's kept tokens)
                 for _ in range(rl.critic_updates if self.critic is not None else 0):
                     if max_critic_steps is not None and critic_steps >= max_critic_steps:
                         return means.result()

@@ -4,7 +4,7 @@ One parametrised test over ``iter_fields``: for each leaf field, a probe builds 
 builds from the config (the env, the policy, the critic, the update step on a fixed trace batch,
 the SFT phase, the rollout collector, the evaluation call, the loop's schedule) and returns what it
 observes; the field's new value must change that observation. ``EXEMPT`` would list fields that
-no cheap probe can observe, each with the test that does (it is empty).
+no cheap probe can observe, each with the test that does.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "rollout.engine": "tests/vllm/test_train.py::test_smoke_run_on_the_engine_survives_a_killed_engine",
     "rollout.engine_dtype": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
     "rollout.engine_sync_tolerance": "tests/policies/test_vllm_policy.py::test_the_train_config_reaches_the_engine",
+    # the sampler's KV cache: observed in the generation it runs and in the engine's settings
+    "rollout.kv_cache_dtype": "tests/policies/test_fp8_cache.py::test_the_run_config_reaches_both_samplers",
+    # the probe batch has one learner/sampler ratio (e^0.5) for every token: no lower bound below 1 drops any
+    "rl.ppo.mis_low": "tests/algos/test_importance_corrections.py::test_the_run_config_reaches_the_update_step_with_whole_minibatch_counts",
+    "rl.grpo.mis_low": "tests/algos/test_importance_corrections.py::test_the_run_config_reaches_the_update_step_with_whole_minibatch_counts",
     # a probe would start learner ranks (a Ray, or torchrun): observed where they are started
     "learner.ranks": "tests/distributed/test_sharded_learner.py::test_two_ranks_give_one_process_gradients_and_parameters",
     "learner.launcher": "tests/vllm/test_sharded_sync.py::test_a_smoke_run_with_two_learner_ranks_and_the_engine_finishes_clean",
@@ -88,6 +93,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rl.ppo.kl_estimator": ({"rl.ppo.kl_coef": 0.5}, "k1"),
     "rl.ppo.kl_ref_key": ({"rl.ppo.kl_coef": 0.5}, "ref_log_prob"),
     "rl.ppo.tis_cap": ({}, 1.01),
+    "rl.ppo.mis_high": ({}, 1.5),  # the probe batch's ratio e^0.5 = 1.65: every token dropped
     "rl.ppo.normalization": ({}, "trace"),
     "rl.ppo.value_clip_eps": ({}, None),
     "rl.ppo.clip_eps_low": ({}, 0.01),
@@ -95,6 +101,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rl.grpo.kl_estimator": ({"rl.algo": "grpo", "rl.grpo.kl_coef": 0.5}, "k1"),
     "rl.grpo.kl_ref_key": ({"rl.algo": "grpo", "rl.grpo.kl_coef": 0.5}, "ref_log_prob"),
     "rl.grpo.tis_cap": ({"rl.algo": "grpo"}, 1.01),
+    "rl.grpo.mis_high": ({"rl.algo": "grpo"}, 1.5),
     "rl.grpo.normalization": ({"rl.algo": "grpo"}, "trace"),
     "rl.grpo.clip_eps_low": ({"rl.algo": "grpo"}, 0.01),
     "rl.grpo.clip_eps_high": ({"rl.algo": "grpo"}, 0.01),

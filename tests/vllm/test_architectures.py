@@ -1,8 +1,8 @@
 """The GLM MLA architectures and the features a CPU may lack, on the real engine: glm4_moe_lite
 (GLM-4.7-Flash) serves and syncs exactly up to float32 re-association in vLLM's MLA; glm_moe_dsa
 (GLM-5 class) and routed-expert return fail at engine start on any CPU with vLLM's own message naming
-what is missing; the FP8 KV cache fails so on a CPU without AVX-512 or AMX, and where the CPU has one
-it serves, its log-prob deviation from the float32 learner measured and bounded."""
+what is missing; the FP8 KV cache is refused before the start on a CPU without AVX-512 or AMX, and
+where the CPU has one it serves, its log-prob deviation from the float32 learner measured and bounded."""
 
 from __future__ import annotations
 
@@ -53,12 +53,22 @@ CPU_FEATURES = [
     ("glm_moe_dsa", {}, "Sparse Attention is not supported on CPU"),  # CUDA-only kernels
     ("qwen3_moe", {"enable_return_routed_experts": True}, "Model Runner V2 requires Triton"),  # no CPU Triton
 ]
-if not has_avx512_or_amx():  # vLLM's own test (torch.cpu._is_avx512_supported / _is_amx_tile_supported)
-    CPU_FEATURES.append(("qwen3_moe", {"kv_cache_dtype": "fp8"}, "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"))
+
+
+@pytest.mark.skipif(has_avx512_or_amx(), reason="this CPU has AVX-512 or AMX: vLLM serves the FP8 KV cache here "
+                    "(test_fp8_kv_cache_serves_within_a_bounded_deviation_from_the_learner)")
+def test_an_fp8_kv_cache_on_a_cpu_without_avx512_is_refused_before_the_engine_starts(tokenizer, tmp_path):
+    """vLLM would refuse it ~30 s into the start ("FP8 KV cache on CPU requires x86 with AVX-512 or AMX");
+    the client refuses it at once, naming the option and the way out."""
+    from compactrl.policies.tiny_moe import tiny_moe
+
+    model = tiny_moe("qwen3_moe", vocab_size=len(tokenizer), head_dim=64)
+    with pytest.raises(ValueError, match=r"rollout\.kv_cache_dtype.*AVX-512 or AMX.*rollout\.engine=transformers"):
+        VLLMPolicy.from_model(model, tokenizer, tmp_path / "m", engine={"kv_cache_dtype": "fp8"})
 
 
 @pytest.mark.skipif(not has_avx512_or_amx(), reason="this CPU has neither AVX-512 nor AMX: vLLM refuses the FP8 "
-                    "KV cache here (test_what_this_cpu_lacks_fails_at_start_naming_it checks the message)")
+                    "KV cache here (test_an_fp8_kv_cache_on_a_cpu_without_avx512_is_refused_before_the_engine_starts)")
 def test_fp8_kv_cache_serves_within_a_bounded_deviation_from_the_learner(tokenizer, tmp_path):
     from compactrl.policies.tiny_moe import tiny_moe
 

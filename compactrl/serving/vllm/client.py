@@ -76,7 +76,8 @@ class VLLMEngineConfig:
     dtype: str = "float32"
     """Weights and activations: "float32" (exact agreement with the learner), "bfloat16", "float16"."""
     kv_cache_dtype: str = "auto"
-    """KV cache dtype: "auto" (the model's), or "fp8" (vLLM CPU: needs AVX-512 or AMX)."""
+    """KV cache dtype: "auto" (the model's), or "fp8" (vLLM CPU: needs AVX-512 or AMX; without them
+    :class:`VLLMEngine` refuses it before starting, see :func:`fp8_kv_refusal`)."""
     enable_return_routed_experts: bool = False
     """Ask vLLM to return each token's routed experts (needs its model runner V2, i.e. Triton)."""
     max_model_len: int = 8192
@@ -160,6 +161,29 @@ class VLLMEngineConfig:
         return env
 
 
+def fp8_kv_refusal(config: VLLMEngineConfig, *, flags: frozenset[str] | None = None,
+                   cuda: bool | None = None) -> str | None:
+    """Why vLLM would refuse ``config``'s fp8 KV cache here (None when it would not), known before the
+    engine starts: vLLM's CPU backend runs an fp8 cache only with AVX-512 or AMX tiles (it raises
+    "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" some 30 s into the start otherwise).
+    ``flags`` / ``cuda``: the CPU's flags and whether a CUDA device serves the engine (default: this
+    machine's; an engine on a GPU is not checked here)."""
+    if not config.kv_cache_dtype.startswith("fp8"):
+        return None
+    if cuda is None:
+        cuda = Path("/dev/nvidiactl").exists()
+    if cuda:
+        return None
+    from compactrl.provenance import cpu_flags, cpu_model, has_avx512_or_amx
+
+    if has_avx512_or_amx(flags):
+        return None
+    return (f"kv_cache_dtype={config.kv_cache_dtype!r} (rollout.kv_cache_dtype): vLLM's FP8 KV cache on CPU "
+            f"requires x86 with AVX-512 or AMX, and this CPU ({cpu_model()}) has neither "
+            f"(avx512f {'present' if 'avx512f' in (flags or cpu_flags()) else 'absent'}): use kv_cache_dtype='auto', "
+            "or rollout.engine=transformers, whose fp8 cache (compactrl.policies.fp8_cache) runs on any CPU")
+
+
 class VLLMEngine:
     """The engine process: start, one request at a time, clean shutdown.
 
@@ -173,6 +197,9 @@ class VLLMEngine:
         missing = engine_env_missing(python)
         if missing:
             raise FileNotFoundError(missing)
+        refusal = fp8_kv_refusal(config)
+        if refusal:
+            raise ValueError(refusal)
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-engine.", suffix=".log")[1])
         self._lock = threading.Lock()
         self._sock, child = socket.socketpair()
