@@ -34,6 +34,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,24 +74,35 @@ class _PlanCollector(TraceCollector):
     """A worker's collector: runs a given plan of (group, task seed) episodes, as ``next`` would.
 
     With an :class:`EngineClient` policy it also ends the episodes of a round whose engine died as
-    truncated, and notes per episode the oldest policy version its responses were sampled with.
+    truncated. It notes per trace the oldest policy version its responses were sampled with (the
+    engine's answer, else the worker's ``version``), and calls ``before_round`` before each round
+    (where a worker applies weights that arrived mid-plan: an episode goes on with the new weights).
     """
 
-    def run_plan(self, plans: Sequence[EpisodePlan], version: int) -> list[tuple[EpisodeStats, list[Trace], int]]:
-        self._versions: dict[int, int] = {}
+    version = 0
+    before_round: Callable[[], None] | None = None
+
+    def run_plan(self, plans: Sequence[EpisodePlan], version: int) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
+        """The plan's episodes: (stats, traces, the policy version of each trace)."""
+        self.version = version
+        self._versions: dict[tuple[int, int], int] = {}
         episodes = self._collect_episodes(deque(plans), fixed=True)
-        return [(ep.stats, ep.traces, self._versions.get(ep.stats.episode_id, version)) for ep in episodes]
+        return [(ep.stats, ep.traces, [self._versions.get((ep.stats.episode_id, k), version)
+                                       for k in range(len(ep.traces))]) for ep in episodes]
 
     def _round(self, busy: list[EnvSlot]) -> list[Episode]:
-        ids = [s.episode.stats.episode_id for s in busy]
+        if self.before_round is not None:
+            self.before_round()
+        # a response belongs to the trace in progress: index = traces the episode has finished so far
+        keys = [(s.episode.stats.episode_id, len(s.episode.traces)) for s in busy]
         try:
             finished = super()._round(busy)
         except EngineLost as exc:  # raised by act, before any env of the round was stepped
             return [self._lost_to_engine(slot, exc) for slot in busy]
         served = getattr(self.policy, "last_version", None)
-        if served is not None:
-            for i in ids:
-                self._versions[i] = min(self._versions.get(i, served), served)
+        served = self.version if served is None else served
+        for key in keys:
+            self._versions[key] = min(self._versions.get(key, served), served)
         return finished
 
     @staticmethod
@@ -110,7 +123,10 @@ class RolloutWorker:
         self.policy = policy_fn(index)
         self.collector = _PlanCollector(env_fns, self.policy, episodes_per_batch=1, pad_id=pad_id,
                                         give_task_to_policy=give_task_to_policy)
+        self.collector.before_round = self.apply_pending
         self.version = 0
+        self._pending: tuple[list, int] | None = None
+        self._lock = threading.Lock()
 
     def ready(self) -> int:
         return os.getpid()
@@ -123,10 +139,25 @@ class RolloutWorker:
             self.policy.follow(weights, version)
         elif weights[0] is not None:
             self.policy.load_state_dict(ray.get(weights[0]))
-        self.version = version
+        self.version = self.collector.version = version
 
-    def run(self, plans: list[EpisodePlan]) -> tuple[list[tuple[EpisodeStats, list[Trace], int]], list[int]]:
-        """The plan's episodes (stats, traces, policy version) and the pids of the engines that answered."""
+    def offer_weights(self, weights: list, version: int) -> None:
+        """Weights published while a plan runs (asynchronous collection; the actor is threaded): kept until
+        the plan's next round, which loads them (:meth:`apply_pending`), so no forward sees half of them."""
+        with self._lock:
+            if self._pending is None or self._pending[1] < version:
+                self._pending = (weights, version)
+
+    def apply_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is not None and pending[1] > self.version:
+            self.set_weights(*pending)
+
+    def run(self, plans: list[EpisodePlan]) -> tuple[list[tuple[EpisodeStats, list[Trace], list[int]]], list[int]]:
+        """The plan's episodes (stats, traces, each trace's policy version) and the pids of the engines that
+        answered."""
+        self.apply_pending()
         episodes = self.collector.run_plan(plans, self.version)
         return episodes, sorted(getattr(self.policy, "engine_pids", ()))
 
@@ -168,8 +199,10 @@ class RayCollector:
                  worker_num_cpus: float = 1.0, threads: int = 1, start_timeout_s: float = 120.0,
                  max_retries: int = 2, num_engines: int = 0, engine_fn: EngineFn | None = None,
                  engine_num_cpus: float = 1.0, engine_num_gpus: float = 0.0, engine_threads: int = 1,
-                 engine_max_restarts: int = 2, engine_timeout_s: float = 600.0) -> None:
+                 engine_max_restarts: int = 2, engine_timeout_s: float = 600.0, max_staleness: int = 0) -> None:
         _validate(num_workers, len(env_fns), episodes_per_batch, tokens_per_batch, group_size, start_timeout_s)
+        if max_staleness < 0 or (max_staleness and tokens_per_batch is not None):
+            raise ValueError(f"max_staleness: expected >= 0 (and 0 with tokens_per_batch), got {max_staleness}")
         if num_engines < 0:
             raise ValueError(f"num_engines: expected >= 0, got {num_engines}")
         if engine_timeout_s <= 0:
@@ -185,6 +218,13 @@ class RayCollector:
         self.engine_resources = {"num_cpus": engine_num_cpus, "num_gpus": engine_num_gpus}
         self.engine_threads, self.engine_max_restarts = engine_threads, engine_max_restarts
         self.engine_timeout_s = engine_timeout_s
+        self.max_staleness = max_staleness
+        self._inflight: dict[Any, tuple[int, list[tuple[int, EpisodePlan]], int]] = {}
+        """Asynchronous collection: the share each busy worker runs, by its call's reference."""
+        self._ready: list[tuple[EpisodeStats, list[Trace], list[int]]] = []
+        """Asynchronous collection: finished episodes not yet in a batch, in the order they finished."""
+        self.stale_dropped = 0
+        """Asynchronous collection: episodes dropped for being more than ``max_staleness`` versions old."""
         self._engines: list[Any] = []
         self._engine_pids: list[set[int]] = [set() for _ in range(num_engines)]
         self._workers: list[Any] = [None] * num_workers
@@ -218,10 +258,18 @@ class RayCollector:
         return self._seed + 1
 
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
-        """Publish new weights once (one object in the store); workers load them before their next episodes."""
+        """Publish new weights once (one object in the store); workers load them before their next episodes,
+        and, collecting asynchronously, the busy ones before their next round (partial rollouts)."""
         self._pending_weights = policy_or_weights
         self.policy_version += 1
         self._weights_ref = None
+        if self._inflight:
+            import ray
+
+            self._weights_ref = ray.put(_state_of(policy_or_weights)) if policy_or_weights is not None else None
+            for w, _, _ in self._inflight.values():
+                self._workers[w].offer_weights.remote([self._weights_ref], self.policy_version)
+                self._loaded[w] = self.policy_version
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self._seed, "rng": self._rng.bit_generator.state, "next_episode_id": self._next_episode_id,
@@ -235,9 +283,10 @@ class RayCollector:
         self.policy_version = int(state.get("policy_version", self.policy_version))
 
     def shutdown(self) -> None:
-        """Close every worker's envs and end the actors. Idempotent."""
+        """Close every worker's envs and end the actors (episodes in flight are dropped). Idempotent."""
         import ray
 
+        self._inflight, self._ready = {}, []
         alive = [w for w in self._workers if w is not None]
         engines, self._engines = self._engines, []
         self._workers = [None] * self.num_workers
@@ -263,7 +312,9 @@ class RayCollector:
 
     def next(self) -> TensorDict | None:
         """Collect one batch of whole episodes on the workers and return its trace batch."""
-        results: list[tuple[EpisodeStats, list[Trace], int]] = []
+        if self.max_staleness:
+            return self._next_async()
+        results: list[tuple[EpisodeStats, list[Trace], list[int]]] = []
         for _ in range(_MAX_TRACELESS_ROUNDS):
             results += self._run_by_tokens() if self.tokens_per_batch else self._run(self._plan())
             if any(traces for _, traces, _ in results):
@@ -285,7 +336,7 @@ class RayCollector:
                 self._next_episode_id += 1
         return plans
 
-    def _run(self, plans: list[tuple[int, EpisodePlan]]) -> list[tuple[EpisodeStats, list[Trace], int]]:
+    def _run(self, plans: list[tuple[int, EpisodePlan]]) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
         """Run the plan's groups on the workers (group g on worker g mod W), re-running lost shares."""
         shares: dict[int, list[tuple[int, EpisodePlan]]] = {}
         first_group = plans[0][1].group_id if plans else 0
@@ -293,7 +344,7 @@ class RayCollector:
             shares.setdefault((plan.group_id - first_group) % self.num_workers, []).append((eid, plan))
         return self._run_shares(shares)
 
-    def _run_by_tokens(self) -> list[tuple[EpisodeStats, list[Trace], int]]:
+    def _run_by_tokens(self) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
         """Token-count batch: every worker gets whole groups (enough for its envs), and one that finishes
         gets more while the batch's finished traces hold fewer than ``tokens_per_batch`` tokens; the
         shares still running when that is reached are finished and included, as in TraceCollector."""
@@ -339,19 +390,102 @@ class RayCollector:
                     self._ensure_workers([w])
                     submit(w, share, tries + 1)
                 else:
-                    out += [(_lost(eid, plan, exc), [], self.policy_version) for eid, plan in share]
+                    out += [(_lost(eid, plan, exc), [], []) for eid, plan in share]
                 continue
-            if self.num_engines:
-                self._engine_pids[w % self.num_engines].update(engine_pids)
-            finished = []
-            for (eid, plan), (stats, traces, version) in zip(share, episodes):
-                stats.episode_id, stats.group_id = eid, plan.group_id
-                finished.append((stats, traces, version))
+            finished = self._received(w, share, episodes, engine_pids)
             out += finished
             nxt = more(finished) if more is not None else None
             if nxt:
                 submit(w, nxt, 0)
         return out
+
+    def _received(self, w: int, share: list[tuple[int, EpisodePlan]], episodes: list, engine_pids: list[int],
+                  ) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
+        """A share's episodes from worker ``w``, under the ids and groups the driver gave them."""
+        if self.num_engines:
+            self._engine_pids[w % self.num_engines].update(engine_pids)
+        finished = []
+        for (eid, plan), (stats, traces, versions) in zip(share, episodes):
+            stats.episode_id, stats.group_id = eid, plan.group_id
+            finished.append((stats, traces, versions))
+        return finished
+
+    # -- asynchronous collection -------------------------------------------------------------------------
+
+    def _next_async(self) -> TensorDict | None:
+        """The next batch from episodes the workers never stop running (``max_staleness > 0``).
+
+        Every worker always has a share in flight, also while the learner trains: a worker that finishes
+        one gets the next at once, at the newest published version, and a busy worker loads weights
+        published mid-share before its next round. A batch takes the first ``episodes_per_batch``
+        finished episodes (whole groups: a share holds whole groups) of which no trace is more than
+        ``max_staleness`` versions older than the newest; older groups are dropped (``stale_dropped``).
+        """
+        t0 = time.perf_counter()
+        rounds = 0
+        while True:
+            self._refill()
+            self._drop_stale()
+            if len(self._ready) >= self.episodes_per_batch:
+                take, self._ready = self._ready[:self.episodes_per_batch], self._ready[self.episodes_per_batch:]
+                if any(traces for _, traces, _ in take):
+                    break
+                rounds += 1
+                if rounds >= _MAX_TRACELESS_ROUNDS:
+                    raise RuntimeError(f"{rounds} batches in a row ended without a finished trace; the environments "
+                                       "are failing (see the workers' logged sandbox errors)")
+                continue
+            self._await_one()
+        self._batches += 1
+        batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
+        ages = [self.policy_version - v for _, _, vs in take for v in vs]
+        self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
+                                     staleness_mean=sum(ages) / max(len(ages), 1),
+                                     staleness_max=float(max(ages, default=0)),
+                                     episodes_in_flight=float(sum(len(sh) for _, sh, _ in self._inflight.values())))
+        return batch
+
+    def _refill(self) -> None:
+        """Give every worker without a share in flight a new one (whole groups, enough for its envs)."""
+        idle = [w for w in range(self.num_workers) if all(w != v[0] for v in self._inflight.values())]
+        if idle:
+            self._ensure_workers(idle)
+            groups = max(1, self.envs_per_worker // self.group_size)
+            for w in idle:
+                self._submit(w, self._plan(groups), 0)
+
+    def _submit(self, w: int, share: list[tuple[int, EpisodePlan]], tries: int) -> None:
+        self._inflight[self._workers[w].run.remote([p for _, p in share])] = (w, share, tries)
+
+    def _await_one(self) -> None:
+        """Wait for one share; its episodes join the ready ones and its worker gets the next share at once
+        (a dead worker is replaced and its share re-run, as in synchronous collection)."""
+        import ray
+
+        done = wait_one(self._inflight)
+        w, share, tries = self._inflight.pop(done)
+        try:
+            episodes, engine_pids = ray.get(done)
+        except ray.exceptions.RayActorError as exc:
+            log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__, len(share))
+            self._workers[w] = None
+            if tries < self.max_retries:
+                self.restarts += 1
+                self._ensure_workers([w])
+                self._submit(w, share, tries + 1)
+            else:  # its worker is started again by the next refill
+                self._ready += [(_lost(eid, plan, exc), [], []) for eid, plan in share]
+            return
+        self._ready += self._received(w, share, episodes, engine_pids)
+
+    def _drop_stale(self) -> None:
+        """Drop the ready groups holding a trace more than ``max_staleness`` versions old."""
+        oldest = self.policy_version - self.max_staleness
+        stale = {stats.group_id for stats, _, vs in self._ready if vs and min(vs) < oldest}
+        if stale:
+            kept = [r for r in self._ready if r[0].group_id not in stale]
+            self.stale_dropped += len(self._ready) - len(kept)
+            self._ready = kept
 
     def _ensure_workers(self, indices: Sequence[int]) -> None:
         """Start the missing workers among ``indices`` and give every one the current weights."""
@@ -413,7 +547,9 @@ class RayCollector:
     def _actor_class(self):
         import ray
 
-        return ray.remote(num_cpus=self.worker_num_cpus, max_restarts=0)(RolloutWorker)
+        # asynchronous: a second thread takes weights published while a share runs (offer_weights)
+        return ray.remote(num_cpus=self.worker_num_cpus, max_restarts=0,
+                          max_concurrency=2 if self.max_staleness else 1)(RolloutWorker)
 
     def _batch(self, results: list[tuple[EpisodeStats, list[Trace], int]]) -> TensorDict | None:
         self.last_episode_stats = [stats for stats, _, _ in results]
@@ -426,7 +562,7 @@ class RayCollector:
         if not rows:
             return None
         batch = stack_traces(rows, pad_id=self.pad_id)
-        versions = [v for _, traces, v in results for _ in traces]
+        versions = [v for _, traces, vs in results if traces for v in vs]
         batch["policy_version"] = torch.tensor(versions, dtype=torch.long)
         return batch
 

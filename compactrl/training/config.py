@@ -303,6 +303,11 @@ class DistributedConfig:
     num_engines: int = 0
     """Shared inference engine actors (1 CPU each) that generate for the rollout workers, worker ``w`` on
     engine ``w mod num_engines`` (0: every worker generates with its own copy of the policy)."""
+    max_staleness: int = 0
+    """Asynchronous rollouts: the workers never stop generating (also while the learner trains), a busy
+    worker takes new weights before its next round (an episode goes on with them), and a batch admits
+    only traces at most this many policy versions older than the newest. 0: synchronous collection,
+    exactly as before (docs/distributed.md#asynchronous-rollouts)."""
 
     def __post_init__(self) -> None:
         _check(self.num_rollout_workers >= 0, "distributed.num_rollout_workers", ">= 0", self.num_rollout_workers)
@@ -311,6 +316,9 @@ class DistributedConfig:
         _check(self.num_engines >= 0, "distributed.num_engines", ">= 0", self.num_engines)
         _check(not self.num_engines or self.num_rollout_workers, "distributed.num_engines",
                "0 without rollout workers (distributed.num_rollout_workers > 0)", self.num_engines)
+        _check(self.max_staleness >= 0, "distributed.max_staleness", ">= 0", self.max_staleness)
+        _check(not self.max_staleness or self.num_rollout_workers, "distributed.max_staleness",
+               "0 without rollout workers (asynchronous rollouts run on Ray workers)", self.max_staleness)
 
 
 @dataclass(frozen=True)

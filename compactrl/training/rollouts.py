@@ -395,7 +395,8 @@ def ray_collector(cfg: TrainConfig, policy, *, pad_id: int, run: RunDir | None =
         num_workers=d.num_rollout_workers, episodes_per_batch=cfg.rl.episodes_per_iter,
         group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, seed=cfg.seed + 1, pad_id=pad_id,
         give_task_to_policy=False, weights=policy, threads=1, start_timeout_s=d.start_timeout_s,
-        num_engines=d.num_engines, **({"engine_fn": engine_fn} if engine_fn is not None else {}))
+        num_engines=d.num_engines, max_staleness=d.max_staleness,
+        **({"engine_fn": engine_fn} if engine_fn is not None else {}))
 
 
 def worker_policy(cfg_json: str, index: int):

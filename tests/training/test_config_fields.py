@@ -121,6 +121,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "distributed.envs_per_worker": ({"distributed.num_rollout_workers": 1}, 3),
     "distributed.start_timeout_s": ({"distributed.num_rollout_workers": 1}, 5.0),
     "distributed.num_engines": ({"distributed.num_rollout_workers": 1}, 1),
+    "distributed.max_staleness": ({"distributed.num_rollout_workers": 1}, 2),
 }
 
 
@@ -275,7 +276,7 @@ def probe_distributed(cfg: TrainConfig) -> Any:
     T.start_rollouts(r)  # the Ray collector starts its workers at the first batch: no Ray needed here
     c = r.rollouts.collector
     out = (type(c).__name__, getattr(c, "num_workers", None), len(getattr(c, "env_fns", ())),
-           getattr(c, "start_timeout_s", None), getattr(c, "num_engines", None))
+           getattr(c, "start_timeout_s", None), getattr(c, "num_engines", None), getattr(c, "max_staleness", None))
     r.rollouts.close()
     return out
 
