@@ -77,21 +77,45 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"rl.algo": "grpo"},
     "frozen_summarizer": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.frozen_summarizer": True,
                           "rl.ppo.train_summaries": False},
+    # the GRPO variants peers run on multi-trace rollouts (docs/experiments.md, the thesis experiment)
+    "grpo_split": {"rl.algo": "grpo", "rl.grpo.trace_advantage": "split"},
+    "dr_grpo": {"rl.algo": "grpo", "rl.grpo.scale_by_std": False, "rl.grpo.normalization": "token",
+                "rl.whiten_advantages": False},
 }
+BOUNDARY_ARMS = ("ppo_bootstrap", "ppo_bootstrap_lambda095", "ppo_cut", "grpo", "frozen_summarizer")
+"""The boundary experiment's arms (the default of ``--arms``)."""
+VARIABLE_CHAIN_ENV = {"env.env_kwargs": json.dumps({"task_preset": "variable_chain"}), "env.max_turns": 16,
+                      "env.context_budget.budget": 1024, "env.context_budget.reserve": 96,
+                      "env.context_budget.max_compactions": 6}
+"""The ``variable_chain`` generator preset at a budget its 400-token task listing and 96-token summaries fit."""
 REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
     "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6,
                    "sft.second_steps": 300},  # its SFT run is that phase alone (SFT_FROM); the arms skip SFT
+    # the thesis experiment's regime: trace counts that vary within a group by the agent's choices;
+    # the critic's learning rate is the library default (3e-4), not the boundary cells' 1e-3
+    "variable_chain": {**VARIABLE_CHAIN_ENV, "sft.second_steps": 300, "rl.critic_lr": 3e-4},
 }
-SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {"long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0})}
-"""Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``. With
+THESIS = {"regimes": "variable_chain", "arms": "ppo_bootstrap,ppo_cut,grpo,grpo_split,dr_grpo", "seeds": 16}
+"""``--thesis``: the experiment of docs/experiments.md's "PPO vs the GRPO variants" section."""
+BOUNDARY_REGIMES = ("default", "long_noisy")
+"""The boundary experiment's regimes (the default of ``--regimes``)."""
+DEFAULT_SFT = "benchmarks/results/boundary_experiment/default/sft/sft_model"
+"""The boundary experiment's ``default`` SFT model (committed): the warm start ``variable_chain`` continues."""
+SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {
+    "long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0}),
+    "variable_chain": (DEFAULT_SFT, {"sft.copy_steps": 0, "sft.steps": 0}),
+}
+"""Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``, the
+source a regime of this run or the directory of a saved model (relative to the repository). With
 ``changes`` the regime's SFT run continues the source's model with them (on the regime's own env);
 without, its arms start from the source's model as it is. ``long_noisy`` has ``default``'s tasks
 and budget, but a model never shown a flaked test run stops at 0.08 there: its warm start is
 ``default``'s SFT model plus the second SFT phase alone (``reproduce_first`` demonstrations, which
 repeat a flaked submit; 300 steps, ``REGIMES``) on ``long_noisy``'s own episodes."""
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
-         ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
+         ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer"),
+         ("ppo_bootstrap", "grpo_split"), ("ppo_bootstrap", "dr_grpo"), ("ppo_cut", "grpo_split"), ("ppo_cut", "dr_grpo")]
 """Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
 
 BUDGETS: dict[str, dict[str, Any]] = {
@@ -103,7 +127,8 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "eval.every": 2, "eval.episodes": 16}},
     "smoke": {"preset": "smoke", "seeds": 2, "final_episodes": 2, "changes": {}},
 }
-PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"}}}
+PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"},
+                             "variable_chain": {**VARIABLE_CHAIN_ENV, "env.max_turns": 3}}}
 """Where a preset cannot take a regime's env as it is (the smoke preset's budget, turns and SFT steps stay)."""
 
 
@@ -452,6 +477,17 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
             log.info("finished %s", spec["cell_path"])
 
 
+def _source_model(src: str, source_spec) -> str:
+    """The model ``SFT_FROM`` names: a regime's SFT model (``source_spec()``, trained here if its cell is
+    missing) or, for a path, that saved model (relative to the repository root)."""
+    if src not in REGIMES:
+        return str(Path(__file__).resolve().parent.parent / src)
+    source = source_spec()
+    if not Path(source["cell_path"]).exists():
+        run_sft(source)
+    return json.loads(Path(source["cell_path"]).read_text())["model"]
+
+
 def main(argv: list[str] | None = None) -> int:
     import platform
 
@@ -461,9 +497,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/boundary", help="output directory (cells/, runs, results.json/md)")
     p.add_argument("--smoke", action="store_true", help="the CI budget: the smoke preset, 2 seeds, seconds")
     p.add_argument("--resume", action="store_true", help="keep finished cells and SFT models; run the rest")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: 8; smoke 2)")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
-    p.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regimes")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: 8, --thesis 16; smoke 2)")
+    p.add_argument("--arms", default=None, help=f"comma-separated arms of {sorted(ARMS)} "
+                   f"(default: {','.join(BOUNDARY_ARMS)}; --thesis {THESIS['arms']})")
+    p.add_argument("--regimes", default=None, help=f"comma-separated regimes of {sorted(REGIMES)} "
+                   f"(default: {','.join(BOUNDARY_REGIMES)}; --thesis {THESIS['regimes']})")
+    p.add_argument("--sft-only", action="store_true", help="train and evaluate the regimes' SFT models, then stop")
+    p.add_argument("--thesis", action="store_true",
+                   help="PPO vs the GRPO variants on variable_chain (its regime, arms and 16 seeds as defaults)")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel, one torch thread each")
     p.add_argument("--ray", action="store_true", help="run the cells as tasks on a local Ray")
     p.add_argument("--ray-address", default=None, help="run the cells on this Ray cluster (host:port or auto)")
@@ -475,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     budget = "smoke" if args.smoke else "full"
-    arms, regimes = args.arms.split(","), args.regimes.split(",")
+    arms = (args.arms or (THESIS["arms"] if args.thesis else ",".join(BOUNDARY_ARMS))).split(",")
+    regimes = (args.regimes or (THESIS["regimes"] if args.thesis else ",".join(BOUNDARY_REGIMES))).split(",")
     bad = [a for a in arms if a not in ARMS] + [r for r in regimes if r not in REGIMES]
     if bad:
         raise SystemExit(f"unknown arms/regimes {bad}; arms: {sorted(ARMS)}, regimes: {sorted(REGIMES)}")
@@ -488,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         out = out.resolve()  # Ray tasks may run on another node or in another directory
     if (out / "cells").exists() and not args.resume:
         raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
-    seeds = args.seeds or BUDGETS[budget]["seeds"]
+    seeds = args.seeds or (THESIS["seeds"] if args.thesis and not args.smoke else BUDGETS[budget]["seeds"])
     final_episodes = args.final_episodes or BUDGETS[budget]["final_episodes"]
     threads = 1 if args.jobs > 1 else 2
     bases = {r: regime_config(budget, r, threads, parse_sets(args.set)) for r in regimes}
@@ -498,19 +540,19 @@ def main(argv: list[str] | None = None) -> int:
                 "cell_path": str(out / "cells" / f"{name}.json"), "final_episodes": final_episodes, **extra}
 
     sft_specs = [spec(r, f"{r}__sft", bases[r], out / r / "sft") for r in regimes]
-    for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been)
+    for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been), or a saved one
         if s["regime"] in SFT_FROM:
             src, changes = SFT_FROM[s["regime"]]
-            source = spec(src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft")
-            if not Path(source["cell_path"]).exists():
-                run_sft(source)
-            source_model = json.loads(Path(source["cell_path"]).read_text())["model"]
+            source_model = _source_model(src, lambda: spec(
+                src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft"))
             if changes:  # continue the source's model on this regime's env
                 s["config"] = override(bases[s["regime"]], {"model.pretrained": source_model, **changes}).to_dict()
             else:
                 s["model"] = source_model
     _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs, ray_address, threads)
     sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
+    if args.sft_only:
+        return 0
     cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",
                        arm=a, seed=s) for r in regimes for s in range(seeds) for a in arms]
     todo = [s for s in cell_specs if not Path(s["cell_path"]).exists()]
