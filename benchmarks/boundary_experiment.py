@@ -94,7 +94,8 @@ REGIMES: dict[str, dict[str, Any]] = {
                    "sft.second_steps": 300},  # its SFT run is that phase alone (SFT_FROM); the arms skip SFT
     # the thesis experiment's regime: trace counts that vary within a group by the agent's choices;
     # the critic's learning rate is the library default (3e-4), not the boundary cells' 1e-3
-    "variable_chain": {**VARIABLE_CHAIN_ENV, "sft.second_steps": 300, "rl.critic_lr": 3e-4},
+    # and the curve has a point at every iteration (episodes-to-threshold needs the resolution)
+    "variable_chain": {**VARIABLE_CHAIN_ENV, "sft.second_steps": 300, "rl.critic_lr": 3e-4, "eval.every": 1},
 }
 THESIS = {"regimes": "variable_chain", "arms": "ppo_bootstrap,ppo_cut,grpo,grpo_split,dr_grpo", "seeds": 16}
 """``--thesis``: the experiment of docs/experiments.md's "PPO vs the GRPO variants" section."""
@@ -219,6 +220,17 @@ def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
     }
 
 
+def progress(rows: list[dict]) -> list[list[float]]:
+    """``[iteration, policy-training episodes, generated tokens]`` so far, after each iteration (cumulative)."""
+    episodes = tokens = 0.0
+    out = []
+    for r in sorted((r for r in rows if r.get("iteration", 0) > 0), key=lambda r: r["iteration"]):
+        episodes += r.get("train/episodes", 0.0)
+        tokens += r.get("train/generated_tokens_per_episode", 0.0) * r.get("train/episodes", 0.0)
+        out.append([r["iteration"], episodes, tokens])
+    return out
+
+
 def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
     """``critic/trace_start*`` figures of the last evaluated row (empty when none has them)."""
     evaluated = [r for r in rows if "eval/critic/trace_start_auc" in r]
@@ -247,6 +259,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
                   if "eval/success_rate" in r and r["iteration"] > 0],
         "episodes": final_evaluation(cfg, str(run_dir / "final_model"), spec["final_episodes"]),
         "counts": compute_counts(cfg, rows),
+        "progress": progress(rows),
         # the critic's held-out diagnostics (trainer keys eval/critic/...): at its last evaluation, and
         # at iteration 0, right after critic pre-training
         "critic": _critic_row(rows, last=True),
@@ -336,6 +349,34 @@ def long_chain_tasks(sft_episodes: list[list]) -> tuple[set[int], int]:
     return {e[0] for e in sft_episodes if e[2] >= threshold}, threshold
 
 
+THRESHOLD_GAIN = 0.10
+"""Sample efficiency: the success threshold of a regime is its SFT model's held-out success + this."""
+
+
+def to_threshold(curve: list[list[float]], prog: list[list[float]], threshold: float) -> tuple[float, float, bool]:
+    """Policy-training episodes and generated tokens spent when the held-out curve (its last point the
+    full final evaluation) first reaches ``threshold``, and whether it did; a run that never does is
+    censored at its whole budget (its figures are then a lower bound)."""
+    spent = {int(i): (e, t) for i, e, t in prog}
+    for i, success in sorted(curve):
+        if success >= threshold and int(i) in spent:
+            return (*spent[int(i)], True)
+    last = max(spent) if spent else 0
+    return (*spent.get(last, (0.0, 0.0)), False)
+
+
+def _efficiency(cells: list[dict], finals: list[float], threshold: float) -> dict[str, Any]:
+    """Episodes and tokens to ``threshold`` per seed (censored at the budget), with t-intervals."""
+    if not all("progress" in c for c in cells):
+        return {}
+    hits = [to_threshold(_with_final(c["curve"], f), c["progress"], threshold) for c, f in zip(cells, finals)]
+    eps, toks = [h[0] for h in hits], [h[1] for h in hits]
+    return {"threshold": threshold, "reached_threshold": sum(h[2] for h in hits),
+            "episodes_to_threshold_per_seed": eps, "tokens_to_threshold_per_seed": toks,
+            "episodes_to_threshold": dict(zip(("mean", "lo", "hi"), t_interval(eps))),
+            "tokens_to_threshold": dict(zip(("mean", "lo", "hi"), t_interval(toks)))}
+
+
 def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -> dict[str, Any]:
     cells = sorted(cells, key=lambda c: c["seed"])
     final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in cells]
@@ -355,6 +396,7 @@ def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -
             [c.get("critic_after_pretrain", {}).get("critic/trace_start_auc") for c in cells]),
         "counts_per_seed": counts, "cell_wall_clock_s": sum(c["wall_clock_s"] for c in cells) / len(cells),
         "cell_cpu_s": sum(c.get("cpu_s", float("nan")) for c in cells) / len(cells),
+        **_efficiency(cells, final, sft_success + THRESHOLD_GAIN),
     }
 
 
@@ -383,13 +425,36 @@ def comparisons(arms: dict[str, dict]) -> dict[str, dict]:
     for a, b in PAIRS:
         if a in arms and b in arms:
             seeds = set(arms[a]["seeds"]) & set(arms[b]["seeds"])
-            out[f"{a} - {b}"] = {key: paired(per_seed(a, key, seeds), per_seed(b, key, seeds))
-                                 for key in ("final", "auc", "long_chain")}
+            keys = ["final", "auc", "long_chain"]
+            keys += ["episodes_to_threshold"] if all("threshold" in arms[x] for x in (a, b)) else []
+            out[f"{a} - {b}"] = {key: paired(per_seed(a, key, seeds), per_seed(b, key, seeds)) for key in keys}
     return out
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _efficiency_lines(r: dict[str, Any]) -> list[str]:
+    """The sample-efficiency table of a regime (arms whose cells record their progress)."""
+    arms = {arm: a for arm, a in r["arms"].items() if "threshold" in a}
+    if not arms:
+        return []
+    threshold = next(iter(arms.values()))["threshold"]
+    lines = ["", f"Sample efficiency: threshold {threshold:.3f} held-out success (SFT + {THRESHOLD_GAIN}); a run that "
+                 "never reaches it is counted at its whole budget (a lower bound).", "",
+             "| arm | seeds reaching it | policy-training episodes to it (95% CI) | generated tokens to it (95% CI) |",
+             "|---|---|---|---|"]
+    for arm, a in arms.items():
+        e, t = a["episodes_to_threshold"], a["tokens_to_threshold"]
+        lines.append(f"| {arm} | {a['reached_threshold']}/{len(a['seeds'])} | {e['mean']:.1f} [{e['lo']:.1f}, "
+                     f"{e['hi']:.1f}] | {t['mean']:.0f} [{t['lo']:.0f}, {t['hi']:.0f}] |")
+    paired_rows = [(name, p["episodes_to_threshold"]) for name, p in r["paired"].items() if "episodes_to_threshold" in p]
+    if paired_rows:
+        lines += ["", "| paired over seeds (a - b) | episodes to threshold: diff [95% CI], MDE80 |", "|---|---|"]
+        lines += [f"| {name} (n={q['n']}) | {q['mean_diff']:+.1f} [{q['ci95'][0]:+.1f}, {q['ci95'][1]:+.1f}], "
+                  f"{q['mde80']:.1f} |" for name, q in paired_rows]
+    return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -419,6 +484,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} (n={p['final']['n']}) | " + " | ".join(
                 f"{p[k]['mean_diff']:+.3f} [{p[k]['ci95'][0]:+.3f}, {p[k]['ci95'][1]:+.3f}], {p[k]['mde80']:.3f}"
                 for k in ("final", "auc", "long_chain")) + " |")
+        lines += _efficiency_lines(r)
         lines.append("")
     lines.append(f"Command: `{results['command']}`; {results['cells']} cells, {results['wall_clock_s'] / 60:.1f} min "
                  f"in this invocation ({results['machine']}).")
@@ -451,6 +517,97 @@ def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str
     return "\n".join(lines) + "\n"
 
 
+# -- the regimes' within-group trace-count spread, measured with their SFT models ----------------------
+
+
+def trace_spread(cfg, model_dir: str, groups: int, group_size: int = 4) -> dict[str, Any]:
+    """Trace counts of ``groups`` held-out tasks x ``group_size`` rollouts each, sampled as training samples
+    (temperature ``model.temperature``, GRPO's groups: every rollout of a group on the same task)."""
+    import statistics
+
+    import torch
+
+    from compactrl.collectors.trace_collector import TraceCollector
+    from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override
+    from compactrl.training.rollouts import build_policy, make_env_fns
+
+    torch.set_num_threads(cfg.threads)
+    tokenizer = load_tokenizer()
+    policy, _ = build_policy(override(cfg, {"model.pretrained": model_dir}), tokenizer)
+    collector = TraceCollector(make_env_fns(cfg.env, split=cfg.eval.split, count=cfg.env.num_envs), policy,
+                               episodes_per_batch=groups * group_size, group_size=group_size, seed=cfg.eval.seed,
+                               pad_id=tokenizer.pad_token_id or 0)
+    try:
+        collector.next()
+        stats = collector.last_episode_stats
+    finally:
+        collector.shutdown()
+    by_group: dict[int, list] = {}
+    for st in stats:
+        by_group.setdefault(st.group_id, []).append(st)
+    counts = [[st.num_traces for st in g] for g in by_group.values()]
+    return {
+        "model": model_dir, "groups": len(counts), "group_size": group_size,
+        "traces": counts, "success": [[int(st.success) for st in g] for g in by_group.values()],
+        "traces_per_episode": statistics.mean(k for c in counts for k in c),
+        "mean_within_group_sd": statistics.mean(statistics.pstdev(c) for c in counts),
+        "mean_within_group_range": statistics.mean(max(c) - min(c) for c in counts),
+        "unequal_groups": sum(len(set(c)) > 1 for c in counts) / len(counts),
+        "mixed_success_groups": sum(0 < sum(int(st.success) for st in g) < len(g)
+                                    for g in by_group.values()) / len(counts),
+        "success": sum(st.success for st in stats) / len(stats),
+        "histogram": {str(k): sum(x == k for c in counts for x in c) for k in sorted({x for c in counts for x in c})},
+    }
+
+
+def sft_model_of(regime: str, out: Path) -> str:
+    """The SFT model of ``regime``: from ``out``'s cells, else from the committed boundary experiment's."""
+    root = Path(__file__).resolve().parent.parent
+    for cells in (out / "cells", root / "benchmarks" / "results" / "boundary_experiment" / "cells"):
+        path = cells / f"{regime}__sft.json"
+        if path.exists():
+            model = Path(json.loads(path.read_text())["model"])
+            return str(model if model.is_absolute() else root / model)
+    raise SystemExit(f"no SFT model of {regime!r} under {out / 'cells'}: run --sft-only first")
+
+
+def spread_report(spreads: dict[str, dict], png: Path) -> str:
+    """The spread table (markdown) and a histogram per regime at ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    lo = min(int(k) for s in spreads.values() for k in s["histogram"])
+    hi = max(int(k) for s in spreads.values() for k in s["histogram"])
+    width = 0.8 / len(spreads)
+    for i, (regime, s) in enumerate(spreads.items()):
+        n = sum(s["histogram"].values())
+        xs = list(range(lo, hi + 1))
+        axes[0].bar([x + i * width for x in xs], [s["histogram"].get(str(x), 0) / n for x in xs], width, label=regime)
+        ranges = [max(c) - min(c) for c in s["traces"]]
+        axes[1].bar([x + i * width for x in range(hi - lo + 1)],
+                    [sum(r == x for r in ranges) / len(ranges) for x in range(hi - lo + 1)], width, label=regime)
+    axes[0].set(xlabel="traces per episode", ylabel="share of episodes", title="Trace counts (SFT model, sampled)")
+    axes[1].set(xlabel="max - min traces within a group of 4 rollouts of one task", ylabel="share of groups",
+                title="Within-group spread")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    lines = ["| regime | groups x rollouts | success | traces/ep | episodes by traces | mean within-group sd | "
+             "mean within-group range | groups with unequal counts | groups with mixed success |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for regime, s in spreads.items():
+        hist = ", ".join(f"{k}: {v}" for k, v in s["histogram"].items())
+        lines.append(f"| {regime} | {s['groups']} x {s['group_size']} | {s['success']:.3f} | {s['traces_per_episode']:.2f} | "
+                     f"{hist} | {s['mean_within_group_sd']:.2f} | {s['mean_within_group_range']:.2f} | "
+                     f"{s['unequal_groups']:.2f} | {s['mixed_success_groups']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- the command -----------------------------------------------------------------------------------
 
 
@@ -475,6 +632,19 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
         for spec, future in [(s, pool.submit(fn, s)) for s in specs]:
             future.result()
             log.info("finished %s", spec["cell_path"])
+
+
+def _spread(regimes: list[str], out: Path, groups: int, extra: dict[str, Any]) -> int:
+    """``--spread``: each regime's trace-count spread under its SFT model, written to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    old = json.loads((out / "spread.json").read_text()) if (out / "spread.json").exists() else {}
+    spreads = {**old, **{r: trace_spread(regime_config("full", r, 1, extra), sft_model_of(r, out), groups)
+                         for r in regimes}}  # measured regimes replace their earlier figures, the others stay
+    write_json(out / "spread.json", spreads)
+    table = spread_report(spreads, out / "trace_counts.png")
+    (out / "spread.md").write_text(table)
+    print(table)  # noqa: T201 - benchmark output
+    return 0
 
 
 def _source_model(src: str, source_spec) -> str:
@@ -502,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
                    f"(default: {','.join(BOUNDARY_ARMS)}; --thesis {THESIS['arms']})")
     p.add_argument("--regimes", default=None, help=f"comma-separated regimes of {sorted(REGIMES)} "
                    f"(default: {','.join(BOUNDARY_REGIMES)}; --thesis {THESIS['regimes']})")
+    p.add_argument("--spread", type=int, default=0, metavar="GROUPS",
+                   help="only measure each regime's within-group trace-count spread with its SFT model on GROUPS "
+                        "held-out tasks x 4 sampled rollouts (spread.{json,md}, trace_counts.png in --out)")
     p.add_argument("--sft-only", action="store_true", help="train and evaluate the regimes' SFT models, then stop")
     p.add_argument("--thesis", action="store_true",
                    help="PPO vs the GRPO variants on variable_chain (its regime, arms and 16 seeds as defaults)")
@@ -524,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.oracle:
         print(oracle_table(regimes, args.oracle))  # noqa: T201 - benchmark output
         return 0
+    if args.spread:
+        return _spread(regimes, Path(args.out), args.spread, parse_sets(args.set))
     ray_address = args.ray_address if args.ray_address is not None else ("" if args.ray else None)
     out, t0 = Path(args.out), time.perf_counter()
     if ray_address is not None:
