@@ -514,6 +514,36 @@ def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str
             strata = ", ".join(f"{k}: {n} ({sum(s.success for s in stats if s.num_traces == k) / n:.2f})"
                                for k, n in sorted(by.items()))
             lines.append(f"| {regime} | {q} | {agg['success_rate']:.3f} | {agg['traces_per_episode']:.2f} | {strata} |")
+    return "\n".join(lines) + "\n\n" + demonstrator_table(regimes, episodes, qualities)
+
+
+def demonstrator_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5), seeds: int = 4) -> str:
+    """The SFT demonstrator (``ReadingOrderOracle(reproduce_first=True)``) on each regime's held-out tasks,
+    ``seeds`` demonstrator seeds per task: how much one task's chain length varies between its episodes."""
+    import statistics
+
+    from compactrl.eval.episodes import evaluate_policy
+    from compactrl.policies.scripted.demonstrators import ReadingOrderOracle
+    from compactrl.training.rollouts import make_env_fns
+
+    lines = [f"| regime | summary quality | success | traces/ep | mean within-task sd ({seeds} seeds) | tasks with "
+             "unequal counts |", "|---|---|---|---|---|---|"]
+    for regime in regimes:
+        cfg = regime_config("full", regime, threads=1)
+        for q in qualities:
+            per_task: dict[int, list] = {}
+            for seed in range(seeds):
+                fns = make_env_fns(cfg.env, split=cfg.eval.split, count=8)
+                _, stats = evaluate_policy(fns, ReadingOrderOracle(summary_quality=q, seed=seed, reproduce_first=True),
+                                           episodes=episodes, seed=cfg.eval.seed, give_task_to_policy=True)
+                for st in stats:
+                    per_task.setdefault(st.task_seed, []).append(st)
+            runs = [st for v in per_task.values() for st in v]
+            counts = [[st.num_traces for st in v] for v in per_task.values()]
+            lines.append(f"| {regime} | {q} | {sum(st.success for st in runs) / len(runs):.3f} | "
+                         f"{statistics.mean(st.num_traces for st in runs):.2f} | "
+                         f"{statistics.mean(statistics.pstdev(c) for c in counts):.2f} | "
+                         f"{sum(len(set(c)) > 1 for c in counts) / len(counts):.2f} |")
     return "\n".join(lines) + "\n"
 
 
