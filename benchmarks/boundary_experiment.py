@@ -620,6 +620,9 @@ def spread_report(spreads: dict[str, dict], png: Path) -> str:
         ranges = [max(c) - min(c) for c in s["traces"]]
         axes[1].bar([x + i * width for x in range(hi - lo + 1)],
                     [sum(r == x for r in ranges) / len(ranges) for x in range(hi - lo + 1)], width, label=regime)
+    centre = (len(spreads) - 1) * width / 2
+    axes[0].set_xticks([x + centre for x in range(lo, hi + 1)], [str(x) for x in range(lo, hi + 1)])
+    axes[1].set_xticks([x + centre for x in range(hi - lo + 1)], [str(x) for x in range(hi - lo + 1)])
     axes[0].set(xlabel="traces per episode", ylabel="share of episodes", title="Trace counts (SFT model, sampled)")
     axes[1].set(xlabel="max - min traces within a group of 4 rollouts of one task", ylabel="share of groups",
                 title="Within-group spread")
