@@ -77,21 +77,46 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"rl.algo": "grpo"},
     "frozen_summarizer": {"rl.algo": "ppo", "rl.boundary": "bootstrap", "rl.frozen_summarizer": True,
                           "rl.ppo.train_summaries": False},
+    # the GRPO variants peers run on multi-trace rollouts (docs/experiments.md, the thesis experiment)
+    "grpo_split": {"rl.algo": "grpo", "rl.grpo.trace_advantage": "split"},
+    "dr_grpo": {"rl.algo": "grpo", "rl.grpo.scale_by_std": False, "rl.grpo.normalization": "token",
+                "rl.whiten_advantages": False},
 }
+BOUNDARY_ARMS = ("ppo_bootstrap", "ppo_bootstrap_lambda095", "ppo_cut", "grpo", "frozen_summarizer")
+"""The boundary experiment's arms (the default of ``--arms``)."""
+VARIABLE_CHAIN_ENV = {"env.env_kwargs": json.dumps({"task_preset": "variable_chain"}), "env.max_turns": 16,
+                      "env.context_budget.budget": 1024, "env.context_budget.reserve": 96,
+                      "env.context_budget.max_compactions": 6}
+"""The ``variable_chain`` generator preset at a budget its 400-token task listing and 96-token summaries fit."""
 REGIMES: dict[str, dict[str, Any]] = {
     "default": {},
     "long_noisy": {"env.difficulty": "long_noisy", "env.max_turns": 10, "env.context_budget.max_compactions": 6,
                    "sft.second_steps": 300},  # its SFT run is that phase alone (SFT_FROM); the arms skip SFT
+    # the thesis experiment's regime: trace counts that vary within a group by the agent's choices;
+    # the critic's learning rate is the library default (3e-4), not the boundary cells' 1e-3
+    # and the curve has a point at every iteration (episodes-to-threshold needs the resolution)
+    "variable_chain": {**VARIABLE_CHAIN_ENV, "sft.second_steps": 300, "rl.critic_lr": 3e-4, "eval.every": 1},
 }
-SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {"long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0})}
-"""Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``. With
+THESIS = {"regimes": "variable_chain", "arms": "ppo_bootstrap,ppo_cut,grpo,grpo_split,dr_grpo", "seeds": 16}
+"""``--thesis``: the experiment of docs/experiments.md's "PPO vs the GRPO variants" section."""
+BOUNDARY_REGIMES = ("default", "long_noisy")
+"""The boundary experiment's regimes (the default of ``--regimes``)."""
+DEFAULT_SFT = "benchmarks/results/boundary_experiment/default/sft/sft_model"
+"""The boundary experiment's ``default`` SFT model (committed): the warm start ``variable_chain`` continues."""
+SFT_FROM: dict[str, tuple[str, dict[str, Any]]] = {
+    "long_noisy": ("default", {"sft.copy_steps": 0, "sft.steps": 0}),
+    "variable_chain": (DEFAULT_SFT, {"sft.copy_steps": 0, "sft.steps": 0}),
+}
+"""Regimes whose SFT starts from another regime's SFT model: ``regime -> (source, changes)``, the
+source a regime of this run or the directory of a saved model (relative to the repository). With
 ``changes`` the regime's SFT run continues the source's model with them (on the regime's own env);
 without, its arms start from the source's model as it is. ``long_noisy`` has ``default``'s tasks
 and budget, but a model never shown a flaked test run stops at 0.08 there: its warm start is
 ``default``'s SFT model plus the second SFT phase alone (``reproduce_first`` demonstrations, which
 repeat a flaked submit; 300 steps, ``REGIMES``) on ``long_noisy``'s own episodes."""
 PAIRS = [("ppo_bootstrap", "ppo_cut"), ("ppo_bootstrap", "ppo_bootstrap_lambda095"), ("ppo_bootstrap", "grpo"),
-         ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer")]
+         ("ppo_cut", "grpo"), ("ppo_bootstrap", "frozen_summarizer"),
+         ("ppo_bootstrap", "grpo_split"), ("ppo_bootstrap", "dr_grpo"), ("ppo_cut", "grpo_split"), ("ppo_cut", "dr_grpo")]
 """Paired comparisons reported per regime: the hypothesis first (bootstrap vs cut)."""
 
 BUDGETS: dict[str, dict[str, Any]] = {
@@ -103,7 +128,8 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "eval.every": 2, "eval.episodes": 16}},
     "smoke": {"preset": "smoke", "seeds": 2, "final_episodes": 2, "changes": {}},
 }
-PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"}}}
+PRESET_REGIMES = {"smoke": {"long_noisy": {"env.difficulty": "long_noisy"},
+                             "variable_chain": {**VARIABLE_CHAIN_ENV, "env.max_turns": 3}}}
 """Where a preset cannot take a regime's env as it is (the smoke preset's budget, turns and SFT steps stay)."""
 
 
@@ -194,6 +220,17 @@ def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
     }
 
 
+def progress(rows: list[dict]) -> list[list[float]]:
+    """``[iteration, policy-training episodes, generated tokens]`` so far, after each iteration (cumulative)."""
+    episodes = tokens = 0.0
+    out = []
+    for r in sorted((r for r in rows if r.get("iteration", 0) > 0), key=lambda r: r["iteration"]):
+        episodes += r.get("train/episodes", 0.0)
+        tokens += r.get("train/generated_tokens_per_episode", 0.0) * r.get("train/episodes", 0.0)
+        out.append([r["iteration"], episodes, tokens])
+    return out
+
+
 def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
     """``critic/trace_start*`` figures of the last evaluated row (empty when none has them)."""
     evaluated = [r for r in rows if "eval/critic/trace_start_auc" in r]
@@ -222,6 +259,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
                   if "eval/success_rate" in r and r["iteration"] > 0],
         "episodes": final_evaluation(cfg, str(run_dir / "final_model"), spec["final_episodes"]),
         "counts": compute_counts(cfg, rows),
+        "progress": progress(rows),
         # the critic's held-out diagnostics (trainer keys eval/critic/...): at its last evaluation, and
         # at iteration 0, right after critic pre-training
         "critic": _critic_row(rows, last=True),
@@ -311,6 +349,34 @@ def long_chain_tasks(sft_episodes: list[list]) -> tuple[set[int], int]:
     return {e[0] for e in sft_episodes if e[2] >= threshold}, threshold
 
 
+THRESHOLD_GAIN = 0.10
+"""Sample efficiency: the success threshold of a regime is its SFT model's held-out success + this."""
+
+
+def to_threshold(curve: list[list[float]], prog: list[list[float]], threshold: float) -> tuple[float, float, bool]:
+    """Policy-training episodes and generated tokens spent when the held-out curve (its last point the
+    full final evaluation) first reaches ``threshold``, and whether it did; a run that never does is
+    censored at its whole budget (its figures are then a lower bound)."""
+    spent = {int(i): (e, t) for i, e, t in prog}
+    for i, success in sorted(curve):
+        if success >= threshold and int(i) in spent:
+            return (*spent[int(i)], True)
+    last = max(spent) if spent else 0
+    return (*spent.get(last, (0.0, 0.0)), False)
+
+
+def _efficiency(cells: list[dict], finals: list[float], threshold: float) -> dict[str, Any]:
+    """Episodes and tokens to ``threshold`` per seed (censored at the budget), with t-intervals."""
+    if not all("progress" in c for c in cells):
+        return {}
+    hits = [to_threshold(_with_final(c["curve"], f), c["progress"], threshold) for c, f in zip(cells, finals)]
+    eps, toks = [h[0] for h in hits], [h[1] for h in hits]
+    return {"threshold": threshold, "reached_threshold": sum(h[2] for h in hits),
+            "episodes_to_threshold_per_seed": eps, "tokens_to_threshold_per_seed": toks,
+            "episodes_to_threshold": dict(zip(("mean", "lo", "hi"), t_interval(eps))),
+            "tokens_to_threshold": dict(zip(("mean", "lo", "hi"), t_interval(toks)))}
+
+
 def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -> dict[str, Any]:
     cells = sorted(cells, key=lambda c: c["seed"])
     final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in cells]
@@ -330,6 +396,7 @@ def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -
             [c.get("critic_after_pretrain", {}).get("critic/trace_start_auc") for c in cells]),
         "counts_per_seed": counts, "cell_wall_clock_s": sum(c["wall_clock_s"] for c in cells) / len(cells),
         "cell_cpu_s": sum(c.get("cpu_s", float("nan")) for c in cells) / len(cells),
+        **_efficiency(cells, final, sft_success + THRESHOLD_GAIN),
     }
 
 
@@ -358,13 +425,36 @@ def comparisons(arms: dict[str, dict]) -> dict[str, dict]:
     for a, b in PAIRS:
         if a in arms and b in arms:
             seeds = set(arms[a]["seeds"]) & set(arms[b]["seeds"])
-            out[f"{a} - {b}"] = {key: paired(per_seed(a, key, seeds), per_seed(b, key, seeds))
-                                 for key in ("final", "auc", "long_chain")}
+            keys = ["final", "auc", "long_chain"]
+            keys += ["episodes_to_threshold"] if all("threshold" in arms[x] for x in (a, b)) else []
+            out[f"{a} - {b}"] = {key: paired(per_seed(a, key, seeds), per_seed(b, key, seeds)) for key in keys}
     return out
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def _efficiency_lines(r: dict[str, Any]) -> list[str]:
+    """The sample-efficiency table of a regime (arms whose cells record their progress)."""
+    arms = {arm: a for arm, a in r["arms"].items() if "threshold" in a}
+    if not arms:
+        return []
+    threshold = next(iter(arms.values()))["threshold"]
+    lines = ["", f"Sample efficiency: threshold {threshold:.3f} held-out success (SFT + {THRESHOLD_GAIN}); a run that "
+                 "never reaches it is counted at its whole budget (a lower bound).", "",
+             "| arm | seeds reaching it | policy-training episodes to it (95% CI) | generated tokens to it (95% CI) |",
+             "|---|---|---|---|"]
+    for arm, a in arms.items():
+        e, t = a["episodes_to_threshold"], a["tokens_to_threshold"]
+        lines.append(f"| {arm} | {a['reached_threshold']}/{len(a['seeds'])} | {e['mean']:.1f} [{e['lo']:.1f}, "
+                     f"{e['hi']:.1f}] | {t['mean']:.0f} [{t['lo']:.0f}, {t['hi']:.0f}] |")
+    paired_rows = [(name, p["episodes_to_threshold"]) for name, p in r["paired"].items() if "episodes_to_threshold" in p]
+    if paired_rows:
+        lines += ["", "| paired over seeds (a - b) | episodes to threshold: diff [95% CI], MDE80 |", "|---|---|"]
+        lines += [f"| {name} (n={q['n']}) | {q['mean_diff']:+.1f} [{q['ci95'][0]:+.1f}, {q['ci95'][1]:+.1f}], "
+                  f"{q['mde80']:.1f} |" for name, q in paired_rows]
+    return lines
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -394,6 +484,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} (n={p['final']['n']}) | " + " | ".join(
                 f"{p[k]['mean_diff']:+.3f} [{p[k]['ci95'][0]:+.3f}, {p[k]['ci95'][1]:+.3f}], {p[k]['mde80']:.3f}"
                 for k in ("final", "auc", "long_chain")) + " |")
+        lines += _efficiency_lines(r)
         lines.append("")
     lines.append(f"Command: `{results['command']}`; {results['cells']} cells, {results['wall_clock_s'] / 60:.1f} min "
                  f"in this invocation ({results['machine']}).")
@@ -423,6 +514,130 @@ def oracle_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5)) -> str
             strata = ", ".join(f"{k}: {n} ({sum(s.success for s in stats if s.num_traces == k) / n:.2f})"
                                for k, n in sorted(by.items()))
             lines.append(f"| {regime} | {q} | {agg['success_rate']:.3f} | {agg['traces_per_episode']:.2f} | {strata} |")
+    return "\n".join(lines) + "\n\n" + demonstrator_table(regimes, episodes, qualities)
+
+
+def demonstrator_table(regimes: list[str], episodes: int, qualities=(1.0, 0.5), seeds: int = 4) -> str:
+    """The SFT demonstrator (``ReadingOrderOracle(reproduce_first=True)``) on each regime's held-out tasks,
+    ``seeds`` demonstrator seeds per task: how much one task's chain length varies between its episodes."""
+    import statistics
+
+    from compactrl.eval.episodes import evaluate_policy
+    from compactrl.policies.scripted.demonstrators import ReadingOrderOracle
+    from compactrl.training.rollouts import make_env_fns
+
+    lines = [f"| regime | summary quality | success | traces/ep | mean within-task sd ({seeds} seeds) | tasks with "
+             "unequal counts |", "|---|---|---|---|---|---|"]
+    for regime in regimes:
+        cfg = regime_config("full", regime, threads=1)
+        for q in qualities:
+            per_task: dict[int, list] = {}
+            for seed in range(seeds):
+                fns = make_env_fns(cfg.env, split=cfg.eval.split, count=8)
+                _, stats = evaluate_policy(fns, ReadingOrderOracle(summary_quality=q, seed=seed, reproduce_first=True),
+                                           episodes=episodes, seed=cfg.eval.seed, give_task_to_policy=True)
+                for st in stats:
+                    per_task.setdefault(st.task_seed, []).append(st)
+            runs = [st for v in per_task.values() for st in v]
+            counts = [[st.num_traces for st in v] for v in per_task.values()]
+            lines.append(f"| {regime} | {q} | {sum(st.success for st in runs) / len(runs):.3f} | "
+                         f"{statistics.mean(st.num_traces for st in runs):.2f} | "
+                         f"{statistics.mean(statistics.pstdev(c) for c in counts):.2f} | "
+                         f"{sum(len(set(c)) > 1 for c in counts) / len(counts):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the regimes' within-group trace-count spread, measured with their SFT models ----------------------
+
+
+def trace_spread(cfg, model_dir: str, groups: int, group_size: int = 4) -> dict[str, Any]:
+    """Trace counts of ``groups`` held-out tasks x ``group_size`` rollouts each, sampled as training samples
+    (temperature ``model.temperature``, GRPO's groups: every rollout of a group on the same task)."""
+    import statistics
+
+    import torch
+
+    from compactrl.collectors.trace_collector import TraceCollector
+    from compactrl.tokenizer import load_tokenizer
+    from compactrl.training.config import override
+    from compactrl.training.rollouts import build_policy, make_env_fns
+
+    torch.set_num_threads(cfg.threads)
+    tokenizer = load_tokenizer()
+    policy, _ = build_policy(override(cfg, {"model.pretrained": model_dir}), tokenizer)
+    collector = TraceCollector(make_env_fns(cfg.env, split=cfg.eval.split, count=cfg.env.num_envs), policy,
+                               episodes_per_batch=groups * group_size, group_size=group_size, seed=cfg.eval.seed,
+                               pad_id=tokenizer.pad_token_id or 0)
+    try:
+        collector.next()
+        stats = collector.last_episode_stats
+    finally:
+        collector.shutdown()
+    by_group: dict[int, list] = {}
+    for st in stats:
+        by_group.setdefault(st.group_id, []).append(st)
+    counts = [[st.num_traces for st in g] for g in by_group.values()]
+    return {
+        "model": model_dir, "groups": len(counts), "group_size": group_size,
+        "traces": counts, "success": [[int(st.success) for st in g] for g in by_group.values()],
+        "traces_per_episode": statistics.mean(k for c in counts for k in c),
+        "mean_within_group_sd": statistics.mean(statistics.pstdev(c) for c in counts),
+        "mean_within_group_range": statistics.mean(max(c) - min(c) for c in counts),
+        "unequal_groups": sum(len(set(c)) > 1 for c in counts) / len(counts),
+        "mixed_success_groups": sum(0 < sum(int(st.success) for st in g) < len(g)
+                                    for g in by_group.values()) / len(counts),
+        "success": sum(st.success for st in stats) / len(stats),
+        "histogram": {str(k): sum(x == k for c in counts for x in c) for k in sorted({x for c in counts for x in c})},
+    }
+
+
+def sft_model_of(regime: str, out: Path) -> str:
+    """The SFT model of ``regime``: from ``out``'s cells, else from the committed boundary experiment's."""
+    root = Path(__file__).resolve().parent.parent
+    for cells in (out / "cells", root / "benchmarks" / "results" / "boundary_experiment" / "cells"):
+        path = cells / f"{regime}__sft.json"
+        if path.exists():
+            model = Path(json.loads(path.read_text())["model"])
+            return str(model if model.is_absolute() else root / model)
+    raise SystemExit(f"no SFT model of {regime!r} under {out / 'cells'}: run --sft-only first")
+
+
+def spread_report(spreads: dict[str, dict], png: Path) -> str:
+    """The spread table (markdown) and a histogram per regime at ``png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    lo = min(int(k) for s in spreads.values() for k in s["histogram"])
+    hi = max(int(k) for s in spreads.values() for k in s["histogram"])
+    width = 0.8 / len(spreads)
+    for i, (regime, s) in enumerate(spreads.items()):
+        n = sum(s["histogram"].values())
+        xs = list(range(lo, hi + 1))
+        axes[0].bar([x + i * width for x in xs], [s["histogram"].get(str(x), 0) / n for x in xs], width, label=regime)
+        ranges = [max(c) - min(c) for c in s["traces"]]
+        axes[1].bar([x + i * width for x in range(hi - lo + 1)],
+                    [sum(r == x for r in ranges) / len(ranges) for x in range(hi - lo + 1)], width, label=regime)
+    centre = (len(spreads) - 1) * width / 2
+    axes[0].set_xticks([x + centre for x in range(lo, hi + 1)], [str(x) for x in range(lo, hi + 1)])
+    axes[1].set_xticks([x + centre for x in range(hi - lo + 1)], [str(x) for x in range(hi - lo + 1)])
+    axes[0].set(xlabel="traces per episode", ylabel="share of episodes", title="Trace counts (SFT model, sampled)")
+    axes[1].set(xlabel="max - min traces within a group of 4 rollouts of one task", ylabel="share of groups",
+                title="Within-group spread")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    lines = ["| regime | groups x rollouts | success | traces/ep | episodes by traces | mean within-group sd | "
+             "mean within-group range | groups with unequal counts | groups with mixed success |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for regime, s in spreads.items():
+        hist = ", ".join(f"{k}: {v}" for k, v in s["histogram"].items())
+        lines.append(f"| {regime} | {s['groups']} x {s['group_size']} | {s['success']:.3f} | {s['traces_per_episode']:.2f} | "
+                     f"{hist} | {s['mean_within_group_sd']:.2f} | {s['mean_within_group_range']:.2f} | "
+                     f"{s['unequal_groups']:.2f} | {s['mixed_success_groups']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -452,6 +667,30 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
             log.info("finished %s", spec["cell_path"])
 
 
+def _spread(regimes: list[str], out: Path, groups: int, extra: dict[str, Any]) -> int:
+    """``--spread``: each regime's trace-count spread under its SFT model, written to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    old = json.loads((out / "spread.json").read_text()) if (out / "spread.json").exists() else {}
+    spreads = {**old, **{r: trace_spread(regime_config("full", r, 1, extra), sft_model_of(r, out), groups)
+                         for r in regimes}}  # measured regimes replace their earlier figures, the others stay
+    write_json(out / "spread.json", spreads)
+    table = spread_report(spreads, out / "trace_counts.png")
+    (out / "spread.md").write_text(table)
+    print(table)  # noqa: T201 - benchmark output
+    return 0
+
+
+def _source_model(src: str, source_spec) -> str:
+    """The model ``SFT_FROM`` names: a regime's SFT model (``source_spec()``, trained here if its cell is
+    missing) or, for a path, that saved model (relative to the repository root)."""
+    if src not in REGIMES:
+        return str(Path(__file__).resolve().parent.parent / src)
+    source = source_spec()
+    if not Path(source["cell_path"]).exists():
+        run_sft(source)
+    return json.loads(Path(source["cell_path"]).read_text())["model"]
+
+
 def main(argv: list[str] | None = None) -> int:
     import platform
 
@@ -461,9 +700,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/boundary", help="output directory (cells/, runs, results.json/md)")
     p.add_argument("--smoke", action="store_true", help="the CI budget: the smoke preset, 2 seeds, seconds")
     p.add_argument("--resume", action="store_true", help="keep finished cells and SFT models; run the rest")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: 8; smoke 2)")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms")
-    p.add_argument("--regimes", default=",".join(REGIMES), help="comma-separated regimes")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per arm (default: 8, --thesis 16; smoke 2)")
+    p.add_argument("--arms", default=None, help=f"comma-separated arms of {sorted(ARMS)} "
+                   f"(default: {','.join(BOUNDARY_ARMS)}; --thesis {THESIS['arms']})")
+    p.add_argument("--regimes", default=None, help=f"comma-separated regimes of {sorted(REGIMES)} "
+                   f"(default: {','.join(BOUNDARY_REGIMES)}; --thesis {THESIS['regimes']})")
+    p.add_argument("--spread", type=int, default=0, metavar="GROUPS",
+                   help="only measure each regime's within-group trace-count spread with its SFT model on GROUPS "
+                        "held-out tasks x 4 sampled rollouts (spread.{json,md}, trace_counts.png in --out)")
+    p.add_argument("--sft-only", action="store_true", help="train and evaluate the regimes' SFT models, then stop")
+    p.add_argument("--thesis", action="store_true",
+                   help="PPO vs the GRPO variants on variable_chain (its regime, arms and 16 seeds as defaults)")
     p.add_argument("--jobs", type=int, default=2, help="cells run in parallel, one torch thread each")
     p.add_argument("--ray", action="store_true", help="run the cells as tasks on a local Ray")
     p.add_argument("--ray-address", default=None, help="run the cells on this Ray cluster (host:port or auto)")
@@ -475,20 +722,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     budget = "smoke" if args.smoke else "full"
-    arms, regimes = args.arms.split(","), args.regimes.split(",")
+    arms = (args.arms or (THESIS["arms"] if args.thesis else ",".join(BOUNDARY_ARMS))).split(",")
+    regimes = (args.regimes or (THESIS["regimes"] if args.thesis else ",".join(BOUNDARY_REGIMES))).split(",")
     bad = [a for a in arms if a not in ARMS] + [r for r in regimes if r not in REGIMES]
     if bad:
         raise SystemExit(f"unknown arms/regimes {bad}; arms: {sorted(ARMS)}, regimes: {sorted(REGIMES)}")
     if args.oracle:
         print(oracle_table(regimes, args.oracle))  # noqa: T201 - benchmark output
         return 0
+    if args.spread:
+        return _spread(regimes, Path(args.out), args.spread, parse_sets(args.set))
     ray_address = args.ray_address if args.ray_address is not None else ("" if args.ray else None)
     out, t0 = Path(args.out), time.perf_counter()
     if ray_address is not None:
         out = out.resolve()  # Ray tasks may run on another node or in another directory
     if (out / "cells").exists() and not args.resume:
         raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
-    seeds = args.seeds or BUDGETS[budget]["seeds"]
+    seeds = args.seeds or (THESIS["seeds"] if args.thesis and not args.smoke else BUDGETS[budget]["seeds"])
     final_episodes = args.final_episodes or BUDGETS[budget]["final_episodes"]
     threads = 1 if args.jobs > 1 else 2
     bases = {r: regime_config(budget, r, threads, parse_sets(args.set)) for r in regimes}
@@ -498,19 +748,19 @@ def main(argv: list[str] | None = None) -> int:
                 "cell_path": str(out / "cells" / f"{name}.json"), "final_episodes": final_episodes, **extra}
 
     sft_specs = [spec(r, f"{r}__sft", bases[r], out / r / "sft") for r in regimes]
-    for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been)
+    for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been), or a saved one
         if s["regime"] in SFT_FROM:
             src, changes = SFT_FROM[s["regime"]]
-            source = spec(src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft")
-            if not Path(source["cell_path"]).exists():
-                run_sft(source)
-            source_model = json.loads(Path(source["cell_path"]).read_text())["model"]
+            source_model = _source_model(src, lambda: spec(
+                src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft"))
             if changes:  # continue the source's model on this regime's env
                 s["config"] = override(bases[s["regime"]], {"model.pretrained": source_model, **changes}).to_dict()
             else:
                 s["model"] = source_model
     _run_all(run_sft, [s for s in sft_specs if not Path(s["cell_path"]).exists()], args.jobs, ray_address, threads)
     sfts = {s["regime"]: json.loads(Path(s["cell_path"]).read_text()) for s in sft_specs}
+    if args.sft_only:
+        return 0
     cell_specs = [spec(r, f"{r}__{a}__seed{s}", arm_config(bases[r], a, s, sfts[r]["model"]), out / r / a / f"seed{s}",
                        arm=a, seed=s) for r in regimes for s in range(seeds) for a in arms]
     todo = [s for s in cell_specs if not Path(s["cell_path"]).exists()]

@@ -87,15 +87,33 @@ class CriticPPOConfig(PolicyLossConfig):
         _check(self.critic_coef >= 0, "critic_coef", ">= 0", self.critic_coef)
 
 
+TRACE_ADVANTAGES = ("broadcast", "split")
+"""Values of :attr:`GRPOConfig.trace_advantage`."""
+
+
 @dataclass(frozen=True)
 class GRPOConfig(PolicyLossConfig):
-    """GRPO: the policy options plus how the group-relative advantage is formed."""
+    """GRPO: the policy options plus how the group-relative advantage is formed.
+
+    The variants peers run on multi-trace rollouts: the episode's advantage on every trace
+    (``trace_advantage="broadcast"``, the default: SkyRL's step-wise mode, NeMo-RL), split by the
+    number of traces (``"split"``: each of an episode's ``K`` traces gets ``A / K``, as slime's
+    coding-agent example divides the reward by its ``K`` branches), and Dr. GRPO (``scale_by_std=False``
+    with the default ``normalization="token"``; ``benchmarks/boundary_experiment.py``'s ``dr_grpo``
+    arm also turns the trainer's batch whitening off).
+    """
 
     scale_by_std: bool = True
     """Divide by the group's reward std (GRPO); False keeps only the mean baseline (Dr. GRPO)."""
     eps: float = 1e-6
     """Added to the group std before dividing."""
+    trace_advantage: Literal["broadcast", "split"] = "broadcast"
+    """How an episode's group-relative advantage ``A`` reaches its traces: ``broadcast``: every
+    policy token of every trace gets ``A``; ``split``: every policy token of each of the episode's
+    ``K`` traces gets ``A / K`` (the episode's traces together carry one ``A``, however many it split into)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.eps >= 0, "eps", ">= 0", self.eps)
+        _check(self.trace_advantage in TRACE_ADVANTAGES, "trace_advantage", "|".join(TRACE_ADVANTAGES),
+               self.trace_advantage)

@@ -80,13 +80,18 @@ def _count(td: TensorDictBase, key: str, fallback: torch.Tensor) -> torch.Tensor
     return fallback.sum().to(torch.float32).clamp(min=1)
 
 
-def grpo_advantage(batch: TensorDictBase, *, scale_by_std: bool = True, eps: float = 1e-6) -> TensorDictBase:
-    """Group-relative outcome advantage, broadcast to every policy token of every trace.
+def grpo_advantage(batch: TensorDictBase, *, scale_by_std: bool = True, eps: float = 1e-6,
+                   trace_advantage: str = "broadcast") -> TensorDictBase:
+    """Group-relative outcome advantage, given to every policy token of every trace.
 
     Each episode (not each trace) counts once in its group (``group_id``): ``A = (R - mean_g R)``,
     divided by the group's unbiased std plus ``eps`` when ``scale_by_std``. A group of one episode
-    gets advantage 0. Writes ``advantage`` ([N, L] float32, 0 off policy tokens).
+    gets advantage 0. ``trace_advantage``: ``broadcast`` gives every trace of the episode ``A``;
+    ``split`` gives each of its ``K`` traces ``A / K`` (``K``: the batch's ``num_traces`` entry, else
+    the episode's rows in the batch). Writes ``advantage`` ([N, L] float32, 0 off policy tokens).
     """
+    if trace_advantage not in ("broadcast", "split"):
+        raise ValueError(f"trace_advantage: expected broadcast|split, got {trace_advantage!r}")
     episode, group = batch["episode_id"], batch["group_id"]
     ep_ids, row_ep = torch.unique(episode, return_inverse=True)
     reward = torch.zeros(ep_ids.numel(), dtype=torch.float64).index_put_(
@@ -103,8 +108,18 @@ def grpo_advantage(batch: TensorDictBase, *, scale_by_std: bool = True, eps: flo
         adv = centred / (var.sqrt()[ep_g] + eps)
     adv = torch.where(size[ep_g] > 1, adv, torch.zeros_like(adv))
     per_row = adv[row_ep].to(torch.float32)
+    if trace_advantage == "split":
+        per_row = per_row / _traces_per_row(batch, row_ep).to(torch.float32)
     batch.set("advantage", per_row[:, None] * batch["policy_mask"].to(torch.float32))
     return batch
+
+
+def _traces_per_row(batch: TensorDictBase, row_ep: torch.Tensor) -> torch.Tensor:
+    """Each row's episode's trace count: ``num_traces`` where the batch has it, else its rows in the batch."""
+    if "num_traces" in batch.keys():
+        return batch["num_traces"].to(torch.float64).clamp(min=1)
+    rows = torch.zeros(int(row_ep.max()) + 1 if row_ep.numel() else 0, dtype=torch.float64)
+    return rows.index_add_(0, row_ep, torch.ones_like(row_ep, dtype=torch.float64))[row_ep]
 
 
 def whiten_advantages(batch: TensorDictBase, *, eps: float = 1e-8, mask: torch.Tensor | None = None):
@@ -290,7 +305,8 @@ class GRPOLoss(_PolicyLoss):
         super().__init__(actor, config or GRPOConfig())
 
     def compute_advantage(self, batch: TensorDictBase) -> TensorDictBase:
-        return grpo_advantage(batch, scale_by_std=self.config.scale_by_std, eps=self.config.eps)
+        cfg = self.config
+        return grpo_advantage(batch, scale_by_std=cfg.scale_by_std, eps=cfg.eps, trace_advantage=cfg.trace_advantage)
 
 
 # -- what the trainer builds from its config ----------------------------------------------------------
@@ -302,14 +318,16 @@ def advantage_estimator(rl) -> Callable[[TensorDictBase], TensorDictBase]:
 
     PPO: token-level GAE over the batch's traces (``gamma``, ``lmbda`` or the adaptive lambda with
     ``lmbda_alpha``, ``value_lmbda``, ``boundary``, ``truncation``; needs ``value``); GRPO: the
-    group-relative outcome advantage (``rl.grpo.scale_by_std``, ``rl.grpo.eps``). Both then whiten
+    group-relative outcome advantage (``rl.grpo.scale_by_std``, ``rl.grpo.eps``,
+    ``rl.grpo.trace_advantage``). Both then whiten
     over the loss's tokens when ``whiten_advantages``, so every arm of a comparison is normalised
     the same way.
     """
 
     def advantages(batch: TensorDictBase) -> TensorDictBase:
         if rl.algo == "grpo":
-            grpo_advantage(batch, scale_by_std=rl.grpo.scale_by_std, eps=rl.grpo.eps)
+            grpo_advantage(batch, scale_by_std=rl.grpo.scale_by_std, eps=rl.grpo.eps,
+                           trace_advantage=rl.grpo.trace_advantage)
         else:
             from compactrl.algos.tree_gae import tree_gae  # trace_gae's, unless the batch holds trace trees
 

@@ -442,8 +442,11 @@ class CodeRepoEnv(ToolEnv):
 
     ``task_source=None`` draws generated tasks of ``difficulty`` (``easy``, ``default``, ``hard``
     or a :class:`~compactrl.tasksets.generators.code.CodeTaskConfig`) from ``split`` (``train``,
-    ``val``, ``test``; disjoint). ``reset(options={"index": i})`` picks task ``i`` of the split;
-    ``reset(options={"task": task})`` a given task. Other keyword arguments: see :class:`ToolEnv`.
+    ``val``, ``test``; disjoint). ``task_preset``, when given, names the generator preset in place
+    of ``difficulty`` (a preset the training config's ``env.difficulty`` does not list travels as
+    ``env.env_kwargs='{"task_preset": "variable_chain"}'``). ``reset(options={"index": i})`` picks
+    task ``i`` of the split; ``reset(options={"task": task})`` a given task. Other keyword
+    arguments: see :class:`ToolEnv`.
     """
 
     def __init__(
@@ -453,8 +456,10 @@ class CodeRepoEnv(ToolEnv):
         difficulty: Any = "default",
         split: str = "train",
         backend: str = "sim",
+        task_preset: str | None = None,
         **kwargs: Any,
     ) -> None:
+        difficulty = task_preset or difficulty
         if task_source is None:
             from compactrl.tasksets.generators.code import CodeTaskGenerator, GeneratedTasks
 

@@ -8,13 +8,15 @@ surviving with probability ``summary_quality``.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import re
 
 from compactrl.policies.scripted.code import SUMMARY_OPEN, Knowledge, OraclePolicy, in_words, observe
 from compactrl.tools import ToolCall
 from compactrl.types import PolicyRequest
 
-__all__ = ["ReadingOrderOracle", "reading_order"]
+__all__ = ["ReadingOrderOracle", "reading_order", "shuffled_order"]
 
 
 class ReadingOrderOracle(OraclePolicy):
@@ -34,6 +36,14 @@ class ReadingOrderOracle(OraclePolicy):
     context nor stated by the latest summary, and a summary that drops a fact drops it everywhere: its ``next``
     line then names the constant without a value. So when the compaction falls between reading
     the facts and writing the fix, the fix is only as good as the summary.
+
+    A task generated with ``demo_order="shuffled"`` (``CodeTaskConfig``; the ``variable_chain``
+    preset) is read in an order drawn from the demonstrator's ``seed`` and the task id instead
+    (:func:`shuffled_order`): the learner sees a next file chosen among the unread candidates, so
+    its own episodes of one task read different numbers of files before the fact and compact a
+    different number of times. Once the fact is known its summaries list only the bug file as read,
+    so a summary that drops the fact sends the next trace exploring again (a longer chain, not a
+    guessed value): what a summary keeps decides how many traces follow it.
     """
 
     def __init__(self, summary_quality: float = 1.0, seed: int = 0, chunk_lines: int = 25,
@@ -43,7 +53,7 @@ class ReadingOrderOracle(OraclePolicy):
         self.noted: frozenset[str] = frozenset()  # stale lines the latest summary states
 
     def next_call(self, know: Knowledge, task) -> ToolCall:
-        call = _next_read(know, task, self.chunk_lines)
+        call = _next_read(know, task, self.chunk_lines, self.seed)
         if call is None and self.reproduce_first:
             call = _reproduce_first(know, task, self.chunk_lines, self.noted)
         return call if call is not None else super().next_call(know, task)
@@ -62,6 +72,11 @@ class ReadingOrderOracle(OraclePolicy):
         return text
 
     def summary(self, know: Knowledge, task, messages) -> str:
+        if _shuffled(task) and all(f["key"] in know.facts for f in task.metadata["facts"]):
+            # reading is over: the summary keeps the fact and the bug file, not the files explored,
+            # so a summary that drops the fact sends the next trace exploring again
+            bug = task.metadata["bug_file"]
+            know = dataclasses.replace(know, read={p: n for p, n in know.read.items() if p == bug})
         text = super().summary(know, task, messages)
         if not self.reproduce_first:
             return text
@@ -123,12 +138,28 @@ def reading_order(files: list[str], bug_file: str) -> list[str]:
     return sorted(candidates, key=rank)
 
 
-def _next_read(know: Knowledge, task, chunk_lines: int) -> ToolCall | None:
+def shuffled_order(files: list[str], bug_file: str, seed: int, task_id: str) -> list[str]:
+    """The candidates of :func:`reading_order` in an order drawn from ``(seed, task_id)`` (a hash per file)."""
+    def key(path: str) -> bytes:
+        return hashlib.blake2b(f"{seed}|{task_id}|{path}".encode(), digest_size=8).digest()
+
+    return sorted(reading_order(files, bug_file), key=key)
+
+
+def _shuffled(task) -> bool:
+    return task.metadata.get("config", {}).get("demo_order") == "shuffled"
+
+
+def _next_read(know: Knowledge, task, chunk_lines: int, seed: int = 0) -> ToolCall | None:
     """The next chunk to read while a fact is still unknown, or None when reading is done."""
     meta = task.metadata
     if all(f["key"] in know.facts for f in meta["facts"]):
         return None
-    for path in reading_order(sorted(task.files), meta["bug_file"]):
+    if _shuffled(task):
+        order = shuffled_order(sorted(task.files), meta["bug_file"], seed, task.id)
+    else:
+        order = reading_order(sorted(task.files), meta["bug_file"])
+    for path in order:
         total = task.files[path].count("\n") + (0 if task.files[path].endswith("\n") else 1)
         done = know.read.get(path, 0)
         if done < total:

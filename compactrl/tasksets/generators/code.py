@@ -79,6 +79,12 @@ class CodeTaskConfig:
     progress_reward: float = 0.0
     """Reward for each fact's spec test the first time a test run shows it passing, at the step of
     that run (per-trace rewards on top of the outcome's 1.0; 0 = outcome reward only)."""
+    demo_order: str = "fixed"
+    """How the scripted demonstrators (``ReadingOrderOracle``) order the files where facts may be
+    stated: ``fixed`` (config, README, docs, then modules: the same order in every episode) or
+    ``shuffled`` (an order drawn per task and demonstrator seed, so how many files an agent reads
+    before the fact turns up, and so how many compactions its episode needs, depends on its own
+    choices). The project and its runs are the same either way."""
 
     def __post_init__(self) -> None:
         _check(self.num_modules >= 1, "num_modules", ">= 1", self.num_modules)
@@ -100,15 +106,19 @@ class CodeTaskConfig:
         _check(self.num_facts <= len(self.fact_keys or keys), "num_facts", "<= len(fact_keys)", self.num_facts)
         _check(0.0 <= self.flaky_test_p < 1.0, "flaky_test_p", "a value in [0, 1)", self.flaky_test_p)
         _check(self.progress_reward >= 0.0, "progress_reward", ">= 0", self.progress_reward)
+        _check(self.demo_order in DEMO_ORDERS, "demo_order", "|".join(DEMO_ORDERS), self.demo_order)
 
     def record(self) -> dict:
         """The fields as JSON-ready values, the run-time knobs only when set (see :func:`config_record`)."""
-        return config_record(self, DYNAMICS_FIELDS)
+        return config_record(self, (*DYNAMICS_FIELDS, "demo_order"))
 
 
 DYNAMICS_FIELDS = ("flaky_test_p", "progress_reward")
 """Fields that change how a task's runs behave (see :mod:`compactrl.tasksets.generators.dynamics`),
 not what the generated project holds."""
+DEMO_ORDERS = ("fixed", "shuffled")
+"""Values of :attr:`CodeTaskConfig.demo_order` (recorded in a task's ``metadata["config"]`` only when
+not ``fixed``, so the other presets' tasks serialise as before the knob existed)."""
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:
@@ -143,11 +153,23 @@ PRESETS: dict[str, CodeTaskConfig] = {
         locations=("config",), fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
         flaky_test_p=0.5,
     ),
+    # Trace counts that vary within a group by the agent's own choices: tiny's one-token facts, but
+    # stated in the config, a docs page or a module docstring, among 9 candidate files read in a
+    # shuffled order by the demonstrators, so one task's episodes find the fact after 1 to 9 views
+    # and compact 0 to 5+ times; the fact found early must survive every summary until the fix, and
+    # a fifth of the test runs flake (docs/environments.md has the measured chain lengths).
+    "variable_chain": CodeTaskConfig(
+        name="variable_chain", num_modules=3, num_docs=2, file_lines=(5, 8), num_facts=1,
+        fact_depth=(0.0, 1.0), distractors_per_fact=1, max_turns=16,
+        fact_keys=("PAGE_SIZE", "MAX_RETRIES", "MAX_USERNAME_LENGTH", "BATCH_SIZE", "LOW_STOCK_THRESHOLD"),
+        flaky_test_p=0.2, demo_order="shuffled",
+    ),
 }
 
 
 def preset(difficulty: str | CodeTaskConfig) -> CodeTaskConfig:
-    """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``, ``long_noisy``), or
+    """The config of a preset name (``tiny``, ``easy``, ``default``, ``hard``, ``long_noisy``,
+    ``variable_chain``), or
     ``difficulty`` itself."""
     return resolve_preset(difficulty, PRESETS, CodeTaskConfig)
 
