@@ -38,7 +38,7 @@ def _choices(tp: Any) -> tuple:
 
 
 Backend = Literal["sim", "local", "docker"]
-Difficulty = Literal["tiny", "easy", "default", "hard", "long_noisy"]
+Difficulty = Literal["tiny", "easy", "default", "hard", "long_noisy", "variable_chain"]
 Arch = Literal["glm4_moe", "qwen3_moe", "mixtral"]
 Demonstrator = Literal["reading_order", "reproduce_first", "oracle"]
 Truncation = Literal["terminal", "bootstrap_last"]
