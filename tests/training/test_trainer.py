@@ -56,7 +56,13 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
     assert "sft/second_final_nll" in rows[0]  # the smoke preset runs both SFT phases
     state = run.load_checkpoint()
     assert state["iteration"] == 2 and state["rows"] == 3
-    assert (state["critic"] is not None) == (algo == "ppo")
+    # the learner's state: a DCP directory named by the checkpoint, holding the critic exactly for PPO
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(run.learner_dir(state["learner_dir"]))).read_metadata().state_dict_metadata
+    assert [p.name for p in (tmp_path / "run" / "learner").iterdir()] == [state["learner_dir"]]
+    assert any(k.startswith("policy_model.") for k in saved) and any(k.startswith("policy_optim.") for k in saved)
+    assert any(k.startswith("critic_model.") for k in saved) == (algo == "ppo")
     report = (tmp_path / "run" / "report.md").read_text()
     assert "Held-out success" in report and "after RL minus after SFT" in report
     # the machine that gave these figures: commit, libraries, CPU and its kernels, threads
