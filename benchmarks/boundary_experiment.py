@@ -579,7 +579,7 @@ def trace_spread(cfg, model_dir: str, groups: int, group_size: int = 4) -> dict[
     counts = [[st.num_traces for st in g] for g in by_group.values()]
     return {
         "model": model_dir, "groups": len(counts), "group_size": group_size,
-        "traces": counts, "success": [[int(st.success) for st in g] for g in by_group.values()],
+        "traces": counts,
         "traces_per_episode": statistics.mean(k for c in counts for k in c),
         "mean_within_group_sd": statistics.mean(statistics.pstdev(c) for c in counts),
         "mean_within_group_range": statistics.mean(max(c) - min(c) for c in counts),
@@ -751,7 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in sft_specs:  # SFT_FROM: the other regime's SFT model (trained first if it has not been), or a saved one
         if s["regime"] in SFT_FROM:
             src, changes = SFT_FROM[s["regime"]]
-            source_model = _source_model(src, lambda: spec(
+            source_model = _source_model(src, lambda src=src: spec(
                 src, f"{src}__sft", regime_config(budget, src, threads, parse_sets(args.set)), out / src / "sft"))
             if changes:  # continue the source's model on this regime's env
                 s["config"] = override(bases[s["regime"]], {"model.pretrained": source_model, **changes}).to_dict()

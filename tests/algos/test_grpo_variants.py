@@ -11,10 +11,10 @@ import dataclasses
 
 import pytest
 import torch
+from algos_helpers import batch_with_values, random_episodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algos_helpers import batch_with_values, random_episodes
 from compactrl.algos.loss_config import GRPOConfig
 from compactrl.algos.losses import GRPOLoss, advantage_estimator, grpo_advantage
 from compactrl.training.config import RLConfig
