@@ -90,13 +90,20 @@ def _one_process_quiet():
 
 
 def save_learner_state(path: str | Path, policy, critic, updater: Updater) -> None:
-    """Models and optimisers, by parameter name, into the DCP directory ``path`` (every rank its shards)."""
+    """Models and optimisers, by parameter name, into the DCP directory ``path`` (every rank its shards).
+
+    An optimiser that has not stepped yet (its state is empty, e.g. the policy's at iteration 0) is not
+    saved: ``get_state_dict`` would first give it a zero step to have something to save, which would
+    shift Adam's bias correction of every later step."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     state = {}
     for name, (module, opt) in _pairs(policy, critic, updater).items():
-        state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+        if opt.state:
+            state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+        else:
+            state[f"{name}_model"] = get_model_state_dict(module)
     with _one_process_quiet():
         dcp.save(state, checkpoint_id=str(path))
 
@@ -116,20 +123,36 @@ def init_optimizer_state(opt: torch.optim.Optimizer) -> None:
 
 
 def load_learner_state(path: str | Path, policy, critic, updater: Updater) -> None:
-    """Read :func:`save_learner_state`'s directory into these modules and optimisers, however they are sharded."""
+    """Read :func:`save_learner_state`'s directory into these modules and optimisers, however they are sharded
+    (an optimiser saved before its first step is left fresh)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     pairs = _pairs(policy, critic, updater)
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    with_optim = {name for name in pairs if any(k.startswith(f"{name}_optim.") for k in saved)}
     state = {}
     for name, (module, opt) in pairs.items():
-        if not opt.state:
-            init_optimizer_state(opt)  # DCP loads into existing tensors
-        state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+        if name in with_optim:
+            if not opt.state:
+                init_optimizer_state(opt)  # DCP loads into existing tensors
+            state[f"{name}_model"], state[f"{name}_optim"] = get_state_dict(module, opt)
+        else:
+            opt.state.clear()
+            state[f"{name}_model"] = get_model_state_dict(module)
     with _one_process_quiet():
         dcp.load(state, checkpoint_id=str(path))
     for name, (module, opt) in pairs.items():
-        set_state_dict(module, opt, model_state_dict=state[f"{name}_model"], optim_state_dict=state[f"{name}_optim"])
+        if name in with_optim:
+            set_state_dict(module, opt, model_state_dict=state[f"{name}_model"],
+                           optim_state_dict=state[f"{name}_optim"])
+        else:
+            set_model_state_dict(module, state[f"{name}_model"])
 
 
 def _local_bytes(t: torch.Tensor) -> int:

@@ -207,3 +207,25 @@ def test_critic_pretraining_replay_steps_cost_one_batchs_minibatch():
     upd.loss.critic_loss = lambda td: (seen.append(int(td["episode_id"].numel())), original(td))[1]
     upd.update(pool, train_policy=False, max_critic_steps=2, minibatches=2 * 3)
     assert seen == [2, 2]  # 12 one-trace episodes in 6 parts; 2 steps of 2 traces each
+
+
+def test_a_learner_saved_before_its_first_policy_step_resumes_exactly(tmp_path):
+    """A checkpoint at iteration 0 (critic pre-trained, no policy step yet): the restored learner's next
+    update equals the uninterrupted one's, bit for bit (no optimiser step is invented at load)."""
+    import copy
+
+    from compactrl.policies.critic import ValueModel
+
+    cfg = override(preset("smoke"), {"rl.epochs": 1, "rl.minibatches": 1})
+    batch = _stream_batch([4, 3], 1.0, ([5], 0.0))
+    policy = _policy()
+    ref = LocalLearner(cfg, policy, ValueModel.from_policy(policy))
+    ref.update(ref.advantages(batch.clone()), train_policy=False, max_critic_steps=1)  # critic only
+    extra = ref.save(tmp_path / "ck")
+    again = LocalLearner(cfg, copy.deepcopy(_policy(seed=9)), ValueModel.from_policy(_policy(seed=9)))
+    again.load(tmp_path / "ck", extra)
+    assert not again.updater.opt.state and again.updater.critic_opt.state
+    ref.update(ref.advantages(batch.clone()))
+    again.update(again.advantages(batch.clone()))
+    for (n, a), b in zip(ref.policy.named_parameters(), again.policy.parameters()):
+        assert torch.equal(a, b), n
