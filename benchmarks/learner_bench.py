@@ -52,7 +52,7 @@ def synthetic_batch(episodes: int, seed: int = 0):
 
 def measure(ranks: int, args) -> dict:
     from compactrl.tokenizer import shared_tokenizer
-    from compactrl.training.learner import make_learner
+    from compactrl.training.ranks import make_learner
     from compactrl.training.rollouts import build_policy
     from compactrl.training.trainer import build_critic
 

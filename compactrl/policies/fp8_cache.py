@@ -151,10 +151,9 @@ def cached_log_probs(model: torch.nn.Module, tokens: torch.Tensor, attention_mas
     """Teacher-forced ``out[:, t] = log p(tokens[:, t] | tokens[:, :t])`` (temperature 1) in one forward
     that writes every token into ``cache`` first, as a sampler with that cache saw them; 0 at t=0 and
     padding. With a static-scale cache this is what the sampler drew from, whatever its chunking."""
-    from compactrl.policies.transformers_policy import positions_from_mask
-
     mask = attention_mask.long()
-    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions_from_mask(mask), cache=cache,
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # real tokens only, as the sampler numbers them
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
                 use_cache=True)
     logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
     keep = mask[:, 1:].bool() & mask[:, :-1].bool()

@@ -23,7 +23,7 @@ _EXPORTS = {
     "RunDir": "compactrl.training.run_dir",
     "Updater": "compactrl.training.update",
     "Learner": "compactrl.training.learner",
-    "make_learner": "compactrl.training.learner",
+    "make_learner": "compactrl.training.ranks",
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

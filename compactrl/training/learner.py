@@ -31,7 +31,7 @@ from compactrl.training.update import Updater
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Learner", "LocalLearner", "ShardedLearner", "make_learner", "save_learner_state",
+__all__ = ["Learner", "LocalLearner", "ShardedLearner", "save_learner_state",
            "load_learner_state", "init_optimizer_state", "probe_tolerance", "state_mib", "LearnerSyncError"]
 
 
@@ -304,19 +304,3 @@ def probe_tolerance(cfg: TrainConfig) -> float:
     compute in bf16 (``learner.mixed_precision``; the bound of a bf16 engine against an fp32 learner)."""
     mp = cfg.learner.mixed_precision
     return 0.1 if mp == "bf16" or (mp == "auto" and torch.cuda.is_available()) else 1e-4
-
-
-def make_learner(cfg: TrainConfig, policy, critic) -> Learner:
-    """The learner ``cfg.learner`` asks for, starting from ``policy`` (and ``critic``) as they are now."""
-    if cfg.learner.ranks == 1:
-        return LocalLearner(cfg, policy, critic)
-    from compactrl.training.ranks import RayRanks, TorchrunRanks, under_torchrun
-
-    launcher = cfg.learner.launcher
-    if launcher == "auto":
-        launcher = "torchrun" if under_torchrun() else "ray"
-    weights = {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
-    ranks = TorchrunRanks(cfg, weights) if launcher == "torchrun" else RayRanks(cfg, weights)
-    learner = ShardedLearner(cfg, policy, ranks)
-    log.info("learner: %d FSDP2 ranks (%s)", cfg.learner.ranks, launcher)
-    return learner

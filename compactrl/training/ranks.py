@@ -36,7 +36,7 @@ from compactrl.training.update import Shard, Updater
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RankWorker", "RayRanks", "TorchrunRanks", "follow", "free_port", "under_torchrun", "mixed_precision_policy",
+__all__ = ["make_learner", "RankWorker", "RayRanks", "TorchrunRanks", "follow", "free_port", "under_torchrun", "mixed_precision_policy",
            "shard_module", "LearnerRankError"]
 
 class LearnerRankError(RuntimeError):
@@ -107,7 +107,6 @@ class RankWorker:
 
         from compactrl.tokenizer import shared_tokenizer
         from compactrl.training.rollouts import build_policy
-        from compactrl.training.trainer import build_critic
 
         cfg = TrainConfig.from_dict(json.loads(cfg_json))
         self.cfg, self.rank, self.world = cfg, rank, world
@@ -130,7 +129,12 @@ class RankWorker:
                 if rank == 0 and weights is not None:
                     t.copy_(weights[name])
                 dist.broadcast(t, src=0)
-        critic = build_critic(cfg, policy)
+        critic = None
+        if cfg.rl.algo == "ppo":  # as the trainer's critic: the policy's trunk, a value head at critic_head_init
+            from compactrl.policies.critic import ValueModel
+
+            critic = ValueModel.from_policy(policy, head_bias=cfg.model.critic_head_init,
+                                            activation_checkpointing=cfg.learner.activation_checkpointing)
         mp = mixed_precision_policy(cfg, cuda)
         shard_module(policy, policy.model.base_model.layers, mp, methods=("log_prob",))
         if critic is not None:
@@ -375,3 +379,21 @@ def follow() -> None:
             worker.close()
             return
         getattr(worker, method)(*args)
+
+
+def make_learner(cfg: TrainConfig, policy, critic):
+    """The learner ``cfg.learner`` asks for, starting from ``policy`` (and ``critic``) as they are now."""
+    if cfg.learner.ranks == 1:
+        from compactrl.training.learner import LocalLearner
+
+        return LocalLearner(cfg, policy, critic)
+    launcher = cfg.learner.launcher
+    if launcher == "auto":
+        launcher = "torchrun" if under_torchrun() else "ray"
+    weights = {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
+    ranks = TorchrunRanks(cfg, weights) if launcher == "torchrun" else RayRanks(cfg, weights)
+    from compactrl.training.learner import ShardedLearner
+
+    learner = ShardedLearner(cfg, policy, ranks)
+    log.info("learner: %d FSDP2 ranks (%s)", cfg.learner.ranks, launcher)
+    return learner

@@ -32,7 +32,8 @@ from compactrl.collectors.trace_collector import TraceCollector
 from compactrl.eval.episodes import evaluate_policy
 from compactrl.provenance import machine_stamp, stamp_markdown
 from compactrl.training.config import TrainConfig, override
-from compactrl.training.learner import Learner, make_learner
+from compactrl.training.learner import Learner
+from compactrl.training.ranks import make_learner
 from compactrl.training.rollouts import Rollouts, build_policy, make_env_fns, make_rollouts, report_lines
 from compactrl.training.run_dir import RunDir, rng_state, set_rng_state
 from compactrl.training.sft import copy_warmup, sft_train, trim_padding

@@ -59,7 +59,7 @@ def _local(cfg):
 
 
 def _sharded(cfg, policy):
-    from compactrl.training.learner import make_learner
+    from compactrl.training.ranks import make_learner
 
     return make_learner(cfg, copy.deepcopy(policy), None)
 
@@ -196,7 +196,7 @@ def test_ranks_that_cannot_be_placed_fail_within_the_start_timeout(ray_cluster):
     import time
 
     from compactrl.tokenizer import shared_tokenizer
-    from compactrl.training.learner import make_learner
+    from compactrl.training.ranks import make_learner
     from compactrl.training.rollouts import build_policy
 
     cfg = _cfg(**{"learner.ranks": 3, "learner.start_timeout_s": 2.0})  # the tests' Ray has 2 CPUs

@@ -70,12 +70,14 @@ def test_train_on_mini_swe_agent_sessions_changes_the_policy_and_resumes(tmp_pat
     first = run.load_checkpoint()
     assert first["iteration"] == 1 and first["collector"]["next_episode_id"] == 2
     initial, _ = build_policy(cfg, shared_tokenizer())  # no SFT: the run started from the seeded init
+    first = {**first, **_learner_state(run, first)}
     assert _changed(initial.state_dict(), first["policy"])
 
     assert _cli(["--resume", "--out", str(out), "--no-progress", "--rl.iterations", "2"]) == 0
     rows = run.rows()
     assert [r["iteration"] for r in rows] == [0, 1, 2]
     second = run.load_checkpoint()
+    second = {**second, **_learner_state(run, second)}
     assert second["iteration"] == 2 and second["collector"]["next_episode_id"] == 4
     assert _changed(first["policy"], second["policy"]) and _changed(first["critic"], second["critic"])
     # each iteration's episodes were sampled by the weights of that iteration (version = updates before it)
@@ -95,3 +97,16 @@ def test_train_on_mini_swe_agent_sessions_changes_the_policy_and_resumes(tmp_pat
 def test_a_black_box_config_that_cannot_run_is_a_value_error_naming_the_field(change, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         override(preset("smoke"), {"rollout.source": "mini_swe_agent", **change})
+
+
+def _learner_state(run, checkpoint) -> dict:
+    """``policy`` and ``critic`` weights (Hugging Face names, trunk names) from the checkpoint's learner directory."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = run.learner_dir(checkpoint["learner_dir"])
+    out = path.parent / (path.name + ".pt")
+    dcp_to_torch_save(str(path), str(out))
+    flat = __import__("torch").load(out, weights_only=False)
+    assert dcp  # the format the learner writes
+    return {"policy": flat["policy_model"], "critic": flat.get("critic_model", {})}

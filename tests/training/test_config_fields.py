@@ -99,6 +99,7 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "rl.ppo.clip_eps_low": ({}, 0.01),
     "rl.ppo.clip_eps_high": ({}, 0.01),
     "rl.grpo.kl_estimator": ({"rl.algo": "grpo", "rl.grpo.kl_coef": 0.5}, "k1"),
+    "rl.grpo.trace_advantage": ({"rl.algo": "grpo"}, "split"),
     "rl.grpo.kl_ref_key": ({"rl.algo": "grpo", "rl.grpo.kl_coef": 0.5}, "ref_log_prob"),
     "rl.grpo.tis_cap": ({"rl.algo": "grpo"}, 1.01),
     "rl.grpo.mis_high": ({"rl.algo": "grpo"}, 1.5),

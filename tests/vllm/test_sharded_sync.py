@@ -48,7 +48,8 @@ def test_the_engine_synced_from_two_ranks_scores_like_the_ranks(tmp_path):
     from compactrl.distributed import local_ray
     from compactrl.serving.vllm.policy import SyncCheckError, VLLMPolicy, max_abs_diff
     from compactrl.tokenizer import shared_tokenizer
-    from compactrl.training.learner import LearnerSyncError, make_learner
+    from compactrl.training.learner import LearnerSyncError
+    from compactrl.training.ranks import make_learner
     from compactrl.training.rollouts import build_policy
 
     cfg = override(preset("smoke"), {"rl.algo": "grpo", "learner.ranks": 2, "learner.sync_bucket_mb": 0.05})
@@ -59,7 +60,13 @@ def test_the_engine_synced_from_two_ranks_scores_like_the_ranks(tmp_path):
         def update_weights(self, model, version, reference=None):
             engine.update_weights(model, version=version, reference=reference)
 
-    with local_ray(num_cpus=2, object_store_bytes=128 * 1024**2):
+    import contextlib
+
+    import ray
+
+    running = contextlib.nullcontext() if ray.is_initialized() else local_ray(num_cpus=2,
+                                                                               object_store_bytes=128 * 1024**2)
+    with running:
         learner = make_learner(cfg, policy, None)
         try:
             learner.update(learner.advantages(_batch()))  # the ranks' weights move away from the engine's
