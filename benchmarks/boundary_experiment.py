@@ -240,6 +240,18 @@ def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
     return {k[len("eval/"):]: v for k, v in row.items() if k.startswith("eval/critic/trace_start")}
 
 
+MISMATCH_KEYS = ("policy/tis_clip_fraction", "policy/tis_weight_mean", "policy/mis_drop_fraction")
+"""Beside every ``mismatch/*`` figure: what the importance corrections did."""
+
+
+def mismatch_means(rows: list[dict]) -> dict[str, float]:
+    """The policy iterations' mean of each ``mismatch/*`` figure and of :data:`MISMATCH_KEYS` (the
+    sampler-learner mismatch of each batch before its update, and the corrections' share of tokens)."""
+    iters = [r for r in rows if r.get("iteration", 0) > 0]
+    keys = sorted({k for r in iters for k in r if k.startswith("mismatch/") or k in MISMATCH_KEYS})
+    return {k: v for k in keys if (v := _mean([r.get(k) for r in iters])) is not None}
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
     from compactrl.training.config import TrainConfig
@@ -264,6 +276,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         # at iteration 0, right after critic pre-training
         "critic": _critic_row(rows, last=True),
         "critic_after_pretrain": _critic_row([r for r in rows if r["iteration"] == 0], last=True),
+        "mismatch": mismatch_means(rows),
         "wall_clock_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,  # what the cell costs whatever else runs on the machine
     }
