@@ -50,7 +50,9 @@ class EpisodeStats:
 
     Generation time is measured per ``policy.act`` call (one round) and shared between the requests
     of that round in proportion to the tokens each generated (equal shares when a policy returns
-    plain strings), so the per-episode times of a batch add up to the batch's generation time.
+    plain strings), so the per-episode times of a batch add up to the batch's generation time
+    (:func:`episode_time_totals`). Not so ``wall_clock_s``: the episodes of a round run together, so
+    their wall-clock times overlap and their sum counts a round once per episode.
     """
 
     episode_id: int
@@ -90,7 +92,8 @@ class EpisodeStats:
     env_time_s: float = 0.0
     """Time spent inside ``env.reset``/``env.step``."""
     wall_clock_s: float = 0.0
-    """From reset to the end of the episode (includes waiting for other envs of a round)."""
+    """From reset to the end of the episode (includes waiting for other envs of a round; overlaps the
+    other episodes' times, so never sum it over a batch)."""
     info: dict[str, Any] = field(default_factory=dict)
     """Scalar entries (numbers, strings) of the env's last ``info``, e.g. ``format_errors``,
     ``tests_passed``, ``context_tokens_max``, ``test_summary``; without the wrapper's per-step
@@ -240,6 +243,20 @@ def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
     return out
 
 
+def episode_time_totals(stats: Sequence[EpisodeStats]) -> dict[str, float]:
+    """The episodes' generation and env times summed: ``generate_s`` (responses that are not summaries),
+    ``summary_s`` and ``env_s``, the keys of
+    :data:`~compactrl.collectors.trace_collector.BATCH_TIME_KEYS`.
+
+    For the episodes of one collector in one process these add up to its batch's time in those phases;
+    episodes collected by several processes at once (Ray rollout workers) give the workers' time
+    together, which can exceed the wall-clock the batch took.
+    """
+    return {"generate_s": sum(s.other_gen_time_s for s in stats),
+            "summary_s": sum(s.summary_gen_time_s for s in stats),
+            "env_s": sum(s.env_time_s for s in stats)}
+
+
 def _info_means(stats: Sequence[EpisodeStats]) -> dict[str, float]:
     values: dict[str, list[float]] = {}
     for s in stats:
@@ -258,4 +275,4 @@ def _stderr(xs: Sequence[float]) -> float:
 
 
 __all__ = ["CONFIG_ERRORS", "NOT_FINAL_INFO", "EnvFn", "Episode", "EpisodePlan", "EpisodeStats", "EnvSlot",
-           "final_info", "summarize_episodes"]
+           "episode_time_totals", "final_info", "summarize_episodes"]

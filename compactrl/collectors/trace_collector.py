@@ -28,7 +28,10 @@ are kept), the env is closed and rebuilt from its constructor, and the next epis
 Episodes move through the states of :mod:`compactrl.collectors.episodes` (plan, env slot, episode).
 Per-episode statistics of the last batch are in :attr:`TraceCollector.last_episode_stats` (a list
 of :class:`~compactrl.collectors.episodes.EpisodeStats`); see that class for the fields and how
-generation time is attributed.
+generation time is attributed. Episodes of a round run together, so their wall-clock times overlap;
+where the batch's time went is :attr:`TraceCollector.last_batch_time` (:data:`BATCH_TIME_KEYS`),
+measured per round: the ``act`` call's time split between summaries and other responses by their
+share of its generated tokens, and the time inside ``env.reset``/``env.step``.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ from compactrl.collectors.episodes import (
 from compactrl.types import Policy, PolicyRequest, TokenResponse
 
 log = logging.getLogger(__name__)
+
+BATCH_TIME_KEYS = ("generate_s", "summary_s", "env_s")
+"""Keys of :attr:`TraceCollector.last_batch_time`: seconds of the batch's collection spent generating
+responses that are not summaries, generating summaries, and inside ``env.reset``/``env.step``."""
 
 _MAX_TRACELESS_EPISODES = 64
 """Episodes of one batch that may end without a finished trace before collection gives up."""
@@ -116,6 +123,12 @@ class TraceCollector:
         """Per-episode statistics of the most recent batch, in episode-id order."""
         self.last_batch_stats: dict[str, float] = {}
         """Aggregates of the most recent batch (see :func:`summarize_episodes`)."""
+        self.last_batch_time: dict[str, float] = dict.fromkeys(BATCH_TIME_KEYS, 0.0)
+        """Where the most recent batch's collection time went (:data:`BATCH_TIME_KEYS`), measured once per
+        round and reset, not once per episode: these never count a round twice, unlike the episodes'
+        overlapping ``wall_clock_s``. What is left of the collection's wall-clock (building requests,
+        stacking traces) is none of them."""
+        self._time = dict.fromkeys(BATCH_TIME_KEYS, 0.0)
 
     # -- TorchRL-like surface -------------------------------------------------------------------
 
@@ -212,6 +225,7 @@ class TraceCollector:
         return self._batch(episodes)
 
     def _batch(self, episodes: list[Episode]) -> TensorDict | None:
+        self.last_batch_time = dict(self._time)
         self.last_episode_stats = [ep.stats for ep in episodes]
         self.last_batch_stats = summarize_episodes(self.last_episode_stats)
         if not any(ep.traces for ep in episodes):
@@ -227,6 +241,7 @@ class TraceCollector:
     def _collect_episodes(self, pending: deque[EpisodePlan], *, fixed: bool) -> list[Episode]:
         """Run the episodes of ``pending``; unless ``fixed``, plan more from the task-seed stream."""
         self._fixed_plan = fixed
+        self._time = dict.fromkeys(BATCH_TIME_KEYS, 0.0)
         planned = 0
         finished: list[Episode] = []
         while True:
@@ -290,11 +305,11 @@ class TraceCollector:
             if not self._survivable(exc, built=slot.env is not None):
                 raise
             log.warning("env.reset failed (episode %d): %r", stats.episode_id, exc)
-            stats.env_time_s += time.perf_counter() - t0
+            self._env_time(stats, t0)
             _fail(slot, episode, exc)
             stats.wall_clock_s = time.perf_counter() - episode.started
             return episode
-        stats.env_time_s += time.perf_counter() - t0
+        self._env_time(stats, t0)
         stats.task_id = _task_id(slot.env, slot.info)
         slot.episode = episode
         return None
@@ -312,11 +327,19 @@ class TraceCollector:
             stats = slot.episode.stats
             if req.compaction_required:
                 stats.summary_gen_time_s += share
+                self._time["summary_s"] += share
             else:
                 stats.other_gen_time_s += share
+                self._time["generate_s"] += share
             if self._step(slot, action):
                 finished.append(slot.finish())
         return finished
+
+    def _env_time(self, stats: EpisodeStats, t0: float) -> None:
+        """Count the time since ``t0`` (an env call's start) for the episode and for the batch."""
+        dt = time.perf_counter() - t0
+        stats.env_time_s += dt
+        self._time["env_s"] += dt
 
     def _survivable(self, exc: Exception, *, built: bool) -> bool:
         """Whether an env's exception ends only its episode (see :meth:`collect` for a fixed plan)."""
@@ -344,11 +367,11 @@ class TraceCollector:
         except Exception as exc:  # noqa: BLE001 - infrastructure failure: end episode, go on
             if not self._survivable(exc, built=True):
                 raise
-            stats.env_time_s += time.perf_counter() - t0
+            self._env_time(stats, t0)
             log.warning("env.step failed (episode %d): %r", stats.episode_id, exc)
             _fail(slot, slot.episode, exc)
             return True
-        stats.env_time_s += time.perf_counter() - t0
+        self._env_time(stats, t0)
         stats.steps += 1
         stats.reward += float(reward)
         slot.episode.take_trace(info)

@@ -11,8 +11,9 @@ Layout of a run directory::
     checkpoint.pt        last checkpoint: RNG states, iteration, collector, and which learner directory is its
     learner/iter-<k>/    the learner's state of that checkpoint (policy, critic, optimisers; a DCP directory)
     sft_model/           the policy after the SFT warm start (Hugging Face format), the RL start point
-    plots/*.png          learning curves (and plots/curves.png, all of them on one page)
-    report.md            short summary: configuration, SFT vs final held-out success, curves
+    plots/*.png          learning curves (and plots/curves.png, all of them on one page); plots/wall_clock.png:
+                         each RL iteration's time, stacked by phase (:data:`TIME_COMPONENTS`)
+    report.md            short summary: configuration, SFT vs final held-out success, curves, where the time goes
 
 Consistency rule: an iteration's metrics row is appended *before* its checkpoint is written, and
 every checkpoint records how many rows it covers. On resume, rows past the checkpoint are
@@ -51,6 +52,23 @@ CURVES = (
     ("mismatch/route_disagree_summary", "tokens routed apart from the learner (summary tokens)"),
 )
 """(metric key, title) of every learning curve the run draws."""
+
+TIME_COMPONENTS = (
+    ("time/generate_s", "generation (actions)"),
+    ("time/summary_s", "generation (summaries)"),
+    ("time/env_s", "environment"),
+    ("time/learner_s", "learner (advantages + update)"),
+    ("time/sync_s", "weight sync"),
+    ("time/wait_s", "waiting for rollouts"),
+    ("time/other_s", "other"),
+)
+"""(metric key, label) of the phases an RL iteration's ``time/iteration_s`` is split into; every
+iteration's row holds each, and they sum to ``time/iteration_s`` (docs/training.md, "Where the time goes")."""
+
+WORKER_TIME = (("time/workers_generate_s", "generation (actions)"), ("time/workers_summary_s", "generation (summaries)"),
+               ("time/workers_env_s", "environment"))
+"""(metric key, label) of the rollout workers' own times, summed over workers (rows of a run whose episodes
+ran elsewhere or concurrently: Ray rollout workers, mini-swe-agent sessions); not part of the sum above."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -227,6 +245,8 @@ class RunDir:
             fig.savefig(out_dir / "curves.png", dpi=80)
             plt.close(fig)
             written.append(out_dir / "curves.png")
+        if plot_wall_clock(rows, out_dir / "wall_clock.png"):
+            written.append(out_dir / "wall_clock.png")
         return written
 
     def _titles(self) -> dict[str, str]:
@@ -247,6 +267,74 @@ class RunDir:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _time_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RL iterations' rows that hold the time split (row 0 and rows from before it existed do not)."""
+    return [r for r in rows if all(isinstance(r.get(k), (int, float)) for k, _ in TIME_COMPONENTS)]
+
+
+def plot_wall_clock(rows: list[dict[str, Any]], path: Path) -> bool:
+    """One stacked bar per RL iteration, its :data:`TIME_COMPONENTS`, into ``path``; False (nothing
+    written) when no row holds them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = _time_rows(rows)
+    if not timed:
+        return False
+    xs = [int(r["iteration"]) for r in timed]
+    fig, ax = plt.subplots(figsize=(min(max(7.0, 0.2 * len(xs) + 4), 20.0), 3.6))
+    bottom = [0.0] * len(xs)
+    for key, label in TIME_COMPONENTS:
+        ys = [float(r[key]) for r in timed]
+        ax.bar(xs, ys, bottom=bottom, label=label, width=0.8)
+        bottom = [b + y for b, y in zip(bottom, ys)]
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("where each iteration's wall-clock goes", fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+def time_report(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's "Where the time goes" section: each :data:`TIME_COMPONENTS` phase's mean seconds per
+    iteration and share of the iterations' time, the summaries' share of generation time, and the rollout
+    workers' own times when the rows hold them; nothing when no row holds the split."""
+    timed = _time_rows(rows)
+    if not timed:
+        return []
+    n, total = len(timed), sum(float(r["time/iteration_s"]) for r in timed)
+    lines = ["## Where the time goes", "",
+             f"Mean over {n} RL iterations of {total / n:.3g} s each (evaluation not included); "
+             "the phases sum to the iteration's time.", "",
+             "| phase | mean s / iteration | share of iteration time |", "|---|---|---|"]
+    for key, label in TIME_COMPONENTS:
+        part = sum(float(r[key]) for r in timed)
+        lines.append(f"| {label} (`{key}`) | {part / n:.3g} | {part / total if total else 0.0:.1%} |")
+    workers = {k: sum(float(r.get(k) or 0.0) for r in timed) for k, _ in WORKER_TIME}
+    gen, summ = ("time/generate_s", "time/summary_s") if not any(workers.values()) else \
+        ("time/workers_generate_s", "time/workers_summary_s")
+    g, s = sum(float(r.get(gen) or 0.0) for r in timed), sum(float(r.get(summ) or 0.0) for r in timed)
+    lines += ["", f"Summaries took {s / (g + s) if g + s else 0.0:.1%} of generation time"
+              + (" (the rollout workers' own time)." if gen != "time/generate_s" else ".")]
+    if any(workers.values()):
+        lines += ["", "The episodes ran outside the trainer's wall-clock (rollout workers, or concurrent "
+                  "sessions), counted above as waiting. Their own time, summed over workers (it can exceed "
+                  "the waiting when workers run in parallel), per iteration: "
+                  + ", ".join(f"{label} {workers[k] / n:.3g} s" for k, label in WORKER_TIME) + "."]
+    return lines + ["", "![wall clock](plots/wall_clock.png)", ""]
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

@@ -28,14 +28,15 @@ import torch
 from tensordict import TensorDict
 
 from compactrl.collectors.batch import concat_traces
-from compactrl.collectors.trace_collector import TraceCollector
+from compactrl.collectors.episodes import episode_time_totals
+from compactrl.collectors.trace_collector import BATCH_TIME_KEYS, TraceCollector
 from compactrl.eval.episodes import evaluate_policy
 from compactrl.provenance import machine_stamp, stamp_markdown
 from compactrl.training.config import TrainConfig, override
 from compactrl.training.learner import Learner
 from compactrl.training.ranks import make_learner
 from compactrl.training.rollouts import Rollouts, build_policy, make_env_fns, make_rollouts, report_lines
-from compactrl.training.run_dir import RunDir, rng_state, set_rng_state
+from compactrl.training.run_dir import RunDir, rng_state, set_rng_state, time_report
 from compactrl.training.sft import copy_warmup, sft_train, trim_padding
 
 log = logging.getLogger(__name__)
@@ -358,24 +359,57 @@ def schedule(cfg: TrainConfig) -> list[tuple[int, bool, bool]]:
 
 
 def rl_iteration(r: Run, it: int, evaluate: bool) -> dict[str, Any]:
-    """Collect, advantages, update, sync, (evaluate): one iteration's metrics row."""
+    """Collect, advantages, update, sync, (evaluate): one iteration's metrics row.
+
+    ``time/iteration_s`` (without the evaluation) is ``time/collect_s + time/update_s + time/weight_sync_s``
+    and also the sum of :data:`~compactrl.training.run_dir.TIME_COMPONENTS` (:func:`time_split`)."""
     t0 = time.perf_counter()
     batch = r.rollouts.next()
-    t_collect = time.perf_counter() - t0
     t1 = time.perf_counter()
     r.learner.advantages(batch)
     stats = r.learner.update(batch)
-    t_update = time.perf_counter() - t1
-    t1 = time.perf_counter()
+    t2 = time.perf_counter()
     sync = r.learner.sync(r.rollouts, version=it)  # a failing sync raises here, before the next collection
+    t3 = time.perf_counter()
     row = {"iteration": it, **{f"train/{k}": v for k, v in r.rollouts.last_batch_stats.items()}, **stats,
-           **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, **sync, "time/collect_s": t_collect,
-           "time/update_s": t_update, "time/weight_sync_s": time.perf_counter() - t1,
-           "time/iteration_s": time.perf_counter() - t0}
+           **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, **sync, "time/collect_s": t1 - t0,
+           "time/update_s": t2 - t1, "time/weight_sync_s": t3 - t2, "time/iteration_s": t3 - t0,
+           **time_split(r.rollouts, collect_s=t1 - t0, learner_s=t2 - t1, sync_s=t3 - t2)}
     if evaluate:
         row.update(r.evaluate())
     row["time/wall_clock_s"] = r.elapsed()
     return row
+
+
+def time_split(rollouts: Rollouts, *, collect_s: float, learner_s: float, sync_s: float) -> dict[str, float]:
+    """An iteration's time by phase (:data:`~compactrl.training.run_dir.TIME_COMPONENTS`), summing to
+    ``collect_s + learner_s + sync_s``.
+
+    A collector that generates and steps its envs in this process reports its batch's generation
+    (summaries apart) and env time (``last_batch_time``, measured per round, so concurrent episodes are
+    not counted twice); nothing was waited for. Any other source (Ray rollout workers, concurrent
+    mini-swe-agent sessions) ran its episodes outside this loop: the collection is waiting (``wait_s``
+    when the source measures it, else all of it), and the episodes' own summed times are the separate
+    ``time/workers_*`` figures. ``time/other_s`` is the rest of the collection (requests, stacking
+    traces, mismatch checks); it is clamped at 0 should the parts overshoot by rounding.
+    """
+    collector = getattr(rollouts, "collector", None)
+    measured = getattr(collector, "last_batch_time", None)
+    extra: dict[str, float] = {}
+    if measured is not None:
+        gen, summ, env = (float(measured.get(k, 0.0)) for k in BATCH_TIME_KEYS)
+        wait = 0.0
+    else:
+        gen = summ = env = 0.0
+        wait = min(float(rollouts.last_batch_stats.get("wait_s", collect_s)), collect_s)
+        totals = episode_time_totals(getattr(collector, "last_episode_stats", ()))
+        extra = {f"time/workers_{k}": v for k, v in totals.items()}
+    parts = {"time/generate_s": gen, "time/summary_s": summ, "time/env_s": env, "time/learner_s": learner_s,
+             "time/sync_s": sync_s, "time/wait_s": wait}
+    other = collect_s + learner_s + sync_s - sum(parts.values())
+    if other < -1e-6:
+        log.warning("the iteration's phases add up to %.6f s more than its time: time/other_s clamped to 0", -other)
+    return {**parts, "time/other_s": max(other, 0.0), **extra}
 
 
 def _tail_loss(history: list[dict[str, float]]) -> float:
@@ -478,7 +512,7 @@ def _report(cfg: TrainConfig, rows: list[dict], evals: list[dict], elapsed: floa
     if len(evals) >= 2:
         d = evals[-1]["eval/success_rate"] - evals[0]["eval/success_rate"]
         lines += ["", f"Held-out success after RL minus after SFT: **{d:+.3f}** ({len(rows) - 1} iterations)."]
-    lines += ["", "![curves](plots/curves.png)", ""]
+    lines += ["", "![curves](plots/curves.png)", "", *time_report(rows)]
     for i, stamp in enumerate(machines):
         lines += [f"## Machine and software{f' (resume {i})' if i else ''}", "", *stamp_markdown(stamp), ""]
     if machines:
