@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from tensordict import TensorDict
 
-from compactrl.policies.routing import RouteRecorder, forward_routes, route_mismatch_metrics
+from compactrl.policies.routing import RouteRecorder, forward_routes, moe_routers, route_mismatch_metrics
 from compactrl.training.config import EnvConfig, TrainConfig
 from compactrl.training.sft import trim_padding
 
@@ -309,11 +309,14 @@ class SummaryRouter:
 
 def engine_settings(cfg: TrainConfig, policy) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(engine config fields, VLLMPolicy keywords)`` of the run's vLLM engine (``rollout.engine_*``):
-    it samples like ``policy``; pure, so the config's reach is testable without starting an engine."""
+    it samples like ``policy``; pure, so the config's reach is testable without starting an engine. An MoE
+    policy's engine records its routes (``capture_routes``): the batches carry the engine's
+    ``routed_experts``, so ``rl.routing_replay`` and the ``mismatch/route_disagree_*`` metrics work."""
     ro = cfg.rollout
     s = policy.sampling
     engine = dict(dtype=ro.engine_dtype, kv_cache_dtype=ro.kv_cache_dtype, seed=cfg.seed, threads=cfg.threads,
-                  max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192)
+                  max_model_len=policy.context_length if policy.context_length < (1 << 20) else 8192,
+                  capture_routes=bool(moe_routers(getattr(policy, "model", None))))
     kwargs = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=policy.max_new_tokens,
                   seed=cfg.seed, stop_token_ids=policy.stop_token_ids, sync_tolerance=ro.engine_sync_tolerance or None)
     return engine, kwargs

@@ -85,6 +85,15 @@ def test_engine_kwargs_and_process_env():
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
 
 
+def test_route_capture_runs_the_engine_eagerly():
+    """In-engine route capture (tests/vllm/test_engine_routes.py) needs the routers' Python callbacks, so
+    an eager model; it and vLLM's own routed-experts return are one or the other."""
+    assert VLLMEngineConfig(model="/m", capture_routes=True).llm_kwargs()["enforce_eager"] is True
+    assert "enforce_eager" not in VLLMEngineConfig(model="/m").llm_kwargs()
+    with pytest.raises(ValueError, match="capture_routes and enable_return_routed_experts"):
+        VLLMEngineConfig(model="/m", capture_routes=True, enable_return_routed_experts=True)
+
+
 @pytest.mark.parametrize("kw,field", [
     ({"model": ""}, "model"), ({"dtype": "int8"}, "dtype"), ({"kv_cache_dtype": ""}, "kv_cache_dtype"),
     ({"logprobs_mode": "x"}, "logprobs_mode"), ({"max_model_len": 0}, "max_model_len"), ({"threads": 0}, "threads"),
@@ -144,5 +153,8 @@ def test_the_train_config_reaches_the_engine(tokenizer):
     assert kwargs["sync_tolerance"] == 0.05 and kwargs["temperature"] == 0.7
     assert kwargs["max_new_tokens"] == cfg.env.context_budget.reserve
     assert kwargs["stop_token_ids"] == policy.stop_token_ids
+    from compactrl.policies.routing import moe_routers
+
+    assert engine["capture_routes"] is bool(moe_routers(policy.model))  # an MoE policy's engine records routes
     default, _ = T.engine_settings(preset("smoke"), policy)
     assert default["dtype"] == "float32" and T.engine_settings(preset("smoke"), policy)[1]["sync_tolerance"] is None

@@ -80,6 +80,12 @@ class VLLMEngineConfig:
     :class:`VLLMEngine` refuses it before starting, see :func:`fp8_kv_refusal`)."""
     enable_return_routed_experts: bool = False
     """Ask vLLM to return each token's routed experts (needs its model runner V2, i.e. Triton)."""
+    capture_routes: bool = False
+    """Record, inside the engine process, the experts the engine's own routers choose for every token it
+    computes (an MoE model only; the engine raises for a dense one) and return them with each generation
+    as ``routed_experts`` ``[prompt + output, moe_layers, k]``: the prompt tokens, every output token but
+    the last (never run), and no route where a prefix-cache hit skipped a prompt token. Runs the model
+    eagerly (``enforce_eager``) so the routers' callbacks fire (docs/mismatch.md, "Routes")."""
     max_model_len: int = 8192
     """Longest context (prompt + response)."""
     max_num_seqs: int = 64
@@ -122,6 +128,9 @@ class VLLMEngineConfig:
                 raise ValueError(f"{name}: expected > 0, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization: expected a value in (0, 1], got {self.gpu_memory_utilization}")
+        if self.capture_routes and self.enable_return_routed_experts:
+            raise ValueError("capture_routes and enable_return_routed_experts: expected at most one way of "
+                             "recording routes, got both")
         clash = set(self.extra) & set(self.llm_kwargs(include_extra=False))
         if clash:
             raise ValueError(f"extra: repeats fields that have their own setting: {sorted(clash)}")
@@ -140,6 +149,8 @@ class VLLMEngineConfig:
         )
         if self.enable_return_routed_experts:
             kw["enable_return_routed_experts"] = True
+        if self.capture_routes:  # the routers' Python callbacks fire only in an eagerly run model
+            kw["enforce_eager"] = True
         if include_extra:
             kw.update(self.extra)
         return kw
@@ -212,7 +223,8 @@ class VLLMEngine:
         child.close()
         self.closed = False
         try:
-            self.info = self._call({"op": "start", "llm_kwargs": config.llm_kwargs(), "version": version},
+            self.info = self._call({"op": "start", "llm_kwargs": config.llm_kwargs(), "version": version,
+                                    "capture_routes": config.capture_routes},
                                    timeout=config.start_timeout_s, what="start")
         except EngineError as exc:
             self.close()

@@ -213,7 +213,7 @@ class VLLMPolicy:
         for i, o in zip(todo, answer["outputs"]):
             ids = o["token_ids"]
             out[i] = Generated(ids, o["log_probs"], bool(ids) and ids[-1] in stops)
-            if "routed_experts" in o:  # [tokens, layers, top-k] expert ids (enable_return_routed_experts)
+            if "routed_experts" in o:  # [tokens, layers, top-k] expert ids (capture_routes, enable_return_routed_experts)
                 if self._moe_layers is None:
                     self._moe_layers = checkpoint_moe_layers(self.engine_config.model)
                 out[i].routed_experts = prompt_and_output_routes(o["routed_experts"], len(prompts[i]) + len(ids),
