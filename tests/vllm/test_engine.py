@@ -129,3 +129,17 @@ def test_the_completions_server_over_the_engine(engines, tokenizer):
     finally:
         server.stop()  # closes the PolicyEngine's thread, not the session's engine (it does not own it)
     assert s.policy.engine.alive()
+
+
+def test_seeded_prompts_longer_than_a_step_budget_generate(engines):
+    """Seeded requests whose prompts add up to more than vLLM's default 4096-token step budget: with
+    chunked prefill on, vLLM 0.32's CPU runner fails them ("CPU Generator does not use offset"); the
+    engine's default (``enable_chunked_prefill=False``) prefills each prompt whole, and a seed still
+    fixes a request's sample."""
+    policy = engines("glm4_moe").policy
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 4096, (1500,), generator=g).tolist() for _ in range(4)]
+    first = policy.generate(prompts, 6, seeds=[11, 12, 13, 14])
+    again = policy.generate(prompts[:1], 6, seeds=[11])
+    assert [len(o.token_ids) for o in first] == [6] * 4
+    assert again[0].token_ids == first[0].token_ids

@@ -35,7 +35,8 @@ class Served:
         self.policy = VLLMPolicy.from_model(
             self.model, tokenizer, directory, seed=0,
             engine={"dtype": dtype, "capture_routes": True, "enable_prefix_caching": False,
-                    "max_model_len": 1024, "extra": {"max_num_batched_tokens": CHUNK}})
+                    "max_model_len": 1024, "enable_chunked_prefill": True,
+                    "extra": {"max_num_batched_tokens": CHUNK}})
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,10 @@ class VLLMEngineConfig:
     """Most sequences the engine schedules at once."""
     enable_prefix_caching: bool = True
     """Reuse KV of shared prompt prefixes (reset after every weight sync)."""
+    enable_chunked_prefill: bool = False
+    """Let vLLM split a prompt's prefill over several steps. Off by default: vLLM 0.32's CPU model runner
+    fails every seeded request whose prefill is chunked ("CPU Generator does not use offset"), and the
+    trainer seeds every request; off, each prompt is prefilled whole (up to ``max_model_len`` tokens)."""
     seed: int = 0
     """Engine seed."""
     logprobs_mode: str = "processed_logprobs"
@@ -144,8 +148,8 @@ class VLLMEngineConfig:
         kw: dict[str, Any] = dict(
             model=self.model, skip_tokenizer_init=True, dtype=self.dtype, kv_cache_dtype=self.kv_cache_dtype,
             max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-            enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, logprobs_mode=self.logprobs_mode,
-            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_prefix_caching=self.enable_prefix_caching, enable_chunked_prefill=self.enable_chunked_prefill,
+            seed=self.seed, logprobs_mode=self.logprobs_mode, gpu_memory_utilization=self.gpu_memory_utilization,
         )
         if self.enable_return_routed_experts:
             kw["enable_return_routed_experts"] = True
