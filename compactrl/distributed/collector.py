@@ -27,6 +27,10 @@ trace is counted twice and the batch keeps its whole, on-policy episodes. A shar
 ``max_retries`` times ends its episodes as truncated with ``sandbox_error`` saying so. Starting a
 worker waits at most ``start_timeout_s``; when none can start, a ``RuntimeError`` says why. An
 engine that dies is another matter (the workers live on): see :mod:`compactrl.distributed.engines`.
+
+Asynchronous collection (``max_staleness > 0``, see :meth:`RayCollector._next_async`) lives in
+:class:`_ShareDriver`, which :class:`ThreadCollector` shares: the same loop over one :class:`RolloutWorker`
+run on a thread of the trainer's process (docs/distributed.md#asynchronous-rollouts).
 """
 
 from __future__ import annotations
@@ -779,8 +783,11 @@ class _Serialized:
     def __init__(self, policy: Policy) -> None:
         self.policy, self.version, self.last_version = policy, 0, None
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # held by a waiting sync: the next request waits for it (no starving)
 
     def act(self, requests):
+        with self._turn:
+            pass
         with self._lock:
             out = self.policy.act(requests)
             served = getattr(self.policy, "last_version", None)
@@ -790,7 +797,7 @@ class _Serialized:
     def update_weights(self, model: Any, *, as_version: int, **kwargs: Any) -> None:
         """Sync the sampler (its hook, with ``kwargs``) between two requests; its answers are ``as_version``'s."""
         hook = getattr(self.policy, "update_weights", None)
-        with self._lock:
+        with self._turn, self._lock:
             if callable(hook):
                 hook(model, **kwargs)
             self.version = as_version

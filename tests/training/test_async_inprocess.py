@@ -101,6 +101,16 @@ def test_staleness_zero_is_the_synchronous_collector_in_process():
         thread.shutdown()
 
 
+def test_max_staleness_is_checked_where_it_cannot_apply():
+    with pytest.raises(ValueError, match="distributed.max_staleness"):
+        _cfg(**{"distributed.max_staleness": -1})
+    with pytest.raises(ValueError, match="distributed.max_staleness"):  # the black box collects batch by batch
+        _cfg(**{"rollout.source": "mini_swe_agent", "env.backend": "local", "distributed.max_staleness": 1})
+    assert _cfg(**{"distributed.max_staleness": 1}).distributed.num_rollout_workers == 0  # in process: allowed
+    with pytest.raises(ValueError, match="max_staleness"):
+        ThreadCollector([lambda: None], OraclePolicy(), episodes_per_batch=1, max_staleness=0)
+
+
 def _tokenizer():
     from compactrl.tokenizer import shared_tokenizer
 
