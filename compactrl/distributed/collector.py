@@ -27,10 +27,15 @@ trace is counted twice and the batch keeps its whole, on-policy episodes. A shar
 ``max_retries`` times ends its episodes as truncated with ``sandbox_error`` saying so. Starting a
 worker waits at most ``start_timeout_s``; when none can start, a ``RuntimeError`` says why. An
 engine that dies is another matter (the workers live on): see :mod:`compactrl.distributed.engines`.
+
+Asynchronous collection (``max_staleness > 0``, see :meth:`RayCollector._next_async`) lives in
+:class:`_ShareDriver`, which :class:`ThreadCollector` shares: the same loop over one :class:`RolloutWorker`
+run on a thread of the trainer's process (docs/distributed.md#asynchronous-rollouts).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
 import os
@@ -81,6 +86,8 @@ class _PlanCollector(TraceCollector):
 
     version = 0
     before_round: Callable[[], None] | None = None
+    lost_errors: tuple[type[Exception], ...] = (EngineLost,)
+    """Errors of a round's ``act`` that end the round's episodes as truncated (configuration errors propagate)."""
 
     def run_plan(self, plans: Sequence[EpisodePlan], version: int) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
         """The plan's episodes: (stats, traces, the policy version of each trace)."""
@@ -97,7 +104,10 @@ class _PlanCollector(TraceCollector):
         keys = [(s.episode.stats.episode_id, len(s.episode.traces)) for s in busy]
         try:
             finished = super()._round(busy)
-        except EngineLost as exc:  # raised by act, before any env of the round was stepped
+        except self.lost_errors as exc:  # raised by act, before any env of the round was stepped
+            if isinstance(exc, CONFIG_ERRORS):
+                raise
+            log.warning("the policy failed (%r); the round's %d episodes end as truncated", exc, len(busy))
             return [self._lost_to_engine(slot, exc) for slot in busy]
         served = getattr(self.policy, "last_version", None)
         served = self.version if served is None else served
@@ -106,7 +116,7 @@ class _PlanCollector(TraceCollector):
         return finished
 
     @staticmethod
-    def _lost_to_engine(slot: EnvSlot, exc: EngineLost) -> Episode:
+    def _lost_to_engine(slot: EnvSlot, exc: Exception) -> Episode:
         slot.episode.end_failed(str(exc))
         return slot.finish()  # the env is sound: its next reset starts the next episode
 
@@ -115,16 +125,23 @@ class _PlanCollector(TraceCollector):
 
 
 class RolloutWorker:
-    """The actor's body (wrapped by ``ray.remote`` in :class:`RayCollector`)."""
+    """A worker's body: a Ray actor's (wrapped by ``ray.remote`` in :class:`RayCollector`), or run on a thread of
+    the trainer's process (:class:`ThreadCollector`; ``threads=None`` leaves the process's torch threads alone)."""
 
     def __init__(self, env_fns: Sequence[EnvFn], policy_fn: PolicyFn, index: int, *, pad_id: int,
-                 give_task_to_policy: bool, threads: int) -> None:
-        torch.set_num_threads(threads)
+                 give_task_to_policy: bool, threads: int | None,
+                 lost_errors: tuple[type[Exception], ...] | None = None) -> None:
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.policy = policy_fn(index)
         self.collector = _PlanCollector(env_fns, self.policy, episodes_per_batch=1, pad_id=pad_id,
                                         give_task_to_policy=give_task_to_policy)
+        if lost_errors is not None:
+            self.collector.lost_errors = lost_errors
         self.collector.before_round = self.apply_pending
         self.version = 0
+        self.stopping = False
+        """Set from another thread: the running plan stops before its next round (:class:`_Stopped`)."""
         self._pending: tuple[list, int] | None = None
         self._lock = threading.Lock()
 
@@ -132,13 +149,11 @@ class RolloutWorker:
         return os.getpid()
 
     def set_weights(self, weights: list, version: int) -> None:
-        """``weights``: [object ref or None] (boxed, so an engine client can pass it on unfetched)."""
-        import ray
-
+        """``weights``: [object ref, state dict or None] (boxed, so an engine client can pass a ref on unfetched)."""
         if isinstance(self.policy, EngineClient):
             self.policy.follow(weights, version)
         elif weights[0] is not None:
-            self.policy.load_state_dict(ray.get(weights[0]))
+            self.policy.load_state_dict(_fetch(weights[0]))
         self.version = self.collector.version = version
 
     def offer_weights(self, weights: list, version: int) -> None:
@@ -149,6 +164,8 @@ class RolloutWorker:
                 self._pending = (weights, version)
 
     def apply_pending(self) -> None:
+        if self.stopping:
+            raise _Stopped("the collector is shutting down")
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None and pending[1] > self.version:
@@ -165,7 +182,206 @@ class RolloutWorker:
         self.collector.shutdown()
 
 
-class RayCollector:
+class _Stopped(Exception):
+    """A thread worker's plan was stopped by :meth:`ThreadCollector.shutdown`."""
+
+
+class _WorkerLost(Exception):
+    """A worker died while running a share (its cause: the Ray or thread error)."""
+
+
+def _fetch(weights: Any) -> dict[str, Any]:
+    if isinstance(weights, dict):  # a thread worker's: the state dict itself
+        return weights
+    import ray
+
+    return ray.get(weights)
+
+
+Result = tuple[EpisodeStats, list[Trace], list[int]]
+"""A finished episode: its stats, its traces and the policy version of each trace."""
+
+
+class _ShareDriver:
+    """The driver's side of collection by *shares* (whole groups that one worker runs), shared by
+    :class:`RayCollector` and :class:`ThreadCollector`: the task stream (drawn as :class:`TraceCollector` draws
+    it), the asynchronous loop (shares in flight, finished episodes waiting for a batch, bounded staleness and
+    its ``wait_s``/``staleness_*``/``stale_dropped``/``episodes_in_flight`` stats), the trace batch with each
+    trace's ``policy_version``, and the counters a checkpoint keeps.
+
+    A subclass runs the shares on its workers: ``_ensure_workers(indices)`` starts the missing ones and gives
+    them the current weights, ``_call(w, plans)`` starts worker ``w`` on a share and returns a handle,
+    ``_wait_done()`` is the first handle of ``_inflight`` to finish, ``_result(handle)`` its episodes and the
+    pids of the engines that answered (raising :class:`_WorkerLost` when the worker died), ``_drop_worker(w)``
+    forgets a dead worker (the next ``_ensure_workers`` replaces it).
+    """
+
+    def __init__(self, *, num_workers: int, envs_per_worker: int, episodes_per_batch: int | None,
+                 tokens_per_batch: int | None, total_batches: int | None, group_size: int, seed: int, pad_id: int,
+                 give_task_to_policy: bool, reset_options: dict | None, max_staleness: int, max_retries: int) -> None:
+        if max_staleness < 0 or (max_staleness and tokens_per_batch is not None):
+            raise ValueError(f"max_staleness: expected >= 0 (and 0 with tokens_per_batch), got {max_staleness}")
+        self.num_workers, self.envs_per_worker = num_workers, envs_per_worker
+        self.episodes_per_batch, self.total_batches, self.group_size = episodes_per_batch, total_batches, group_size
+        self.tokens_per_batch = tokens_per_batch
+        self.pad_id, self.give_task_to_policy, self.reset_options = pad_id, give_task_to_policy, reset_options
+        self.max_staleness, self.max_retries = max_staleness, max_retries
+        self._inflight: dict[Any, tuple[int, list[tuple[int, EpisodePlan]], int]] = {}
+        """Asynchronous collection: the share each busy worker runs, by its call's handle."""
+        self._ready: list[Result] = []
+        """Asynchronous collection: finished episodes not yet in a batch, in the order they finished."""
+        self.stale_dropped = 0
+        """Asynchronous collection: episodes dropped for being more than ``max_staleness`` versions old."""
+        self._workers: list[Any] = [None] * num_workers
+        self._loaded = [-1] * num_workers  # the policy version each worker holds
+        self.policy_version = 0
+        self.restarts = 0
+        """Workers replaced after dying."""
+        self._next_episode_id = self._next_group_id = self._batches = 0
+        self.set_seed(seed)
+        self.last_episode_stats: list[EpisodeStats] = []
+        self.last_batch_stats: dict[str, float] = {}
+
+    # -- TraceCollector's surface -------------------------------------------------------------------
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        self._seed = int(seed)
+        self._rng = np.random.default_rng(self._seed)
+        return self._seed + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task stream's counters, which have counted the shares in flight too: a collector resumed from it
+        starts new episodes with new ids (those in flight, and those finished but in no batch, are dropped)."""
+        return {"seed": self._seed, "rng": self._rng.bit_generator.state, "next_episode_id": self._next_episode_id,
+                "next_group_id": self._next_group_id, "batches": self._batches, "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_seed(state["seed"])
+        self._rng.bit_generator.state = state["rng"]
+        self._next_episode_id, self._next_group_id = int(state["next_episode_id"]), int(state["next_group_id"])
+        self._batches = int(state["batches"])
+        self.policy_version = int(state.get("policy_version", self.policy_version))
+        self._ready = []  # finished under the old counters: never handed out under the new ones
+
+    def __iter__(self):
+        while self.total_batches is None or self._batches < self.total_batches:
+            yield self.next()
+
+    def __len__(self) -> int:
+        if self.total_batches is None:
+            raise TypeError(f"an endless {type(self).__name__} (total_batches=None) has no length")
+        return self.total_batches
+
+    def _plan(self, groups: int | None = None) -> list[tuple[int, EpisodePlan]]:
+        """(episode id, plan) of ``groups`` whole groups (default: one batch), drawn as TraceCollector draws them."""
+        plans = []
+        for _ in range(self.episodes_per_batch // self.group_size if groups is None else groups):
+            group_id, task_seed = self._next_group_id, int(self._rng.integers(0, 2**31 - 1))
+            self._next_group_id += 1
+            for _ in range(self.group_size):
+                plans.append((self._next_episode_id, EpisodePlan(group_id, task_seed, self.reset_options)))
+                self._next_episode_id += 1
+        return plans
+
+    def _received(self, w: int, share: list[tuple[int, EpisodePlan]], episodes: list, engine_pids: list[int],
+                  ) -> list[Result]:
+        """A share's episodes from worker ``w``, under the ids and groups the driver gave them."""
+        finished = []
+        for (eid, plan), (stats, traces, versions) in zip(share, episodes):
+            stats.episode_id, stats.group_id = eid, plan.group_id
+            finished.append((stats, traces, versions))
+        return finished
+
+    # -- asynchronous collection -------------------------------------------------------------------------
+
+    def _next_async(self) -> TensorDict | None:
+        """The next batch from episodes the workers never stop running (``max_staleness > 0``).
+
+        Every worker always has a share in flight, also while the learner trains: a worker that finishes
+        one gets the next at once, at the newest published version, and a busy worker loads weights
+        published mid-share before its next round. A batch takes the first ``episodes_per_batch``
+        finished episodes (whole groups: a share holds whole groups) of which no trace is more than
+        ``max_staleness`` versions older than the newest; older groups are dropped (``stale_dropped``).
+        """
+        t0 = time.perf_counter()
+        rounds = 0
+        while True:
+            self._refill()
+            self._drop_stale()
+            if len(self._ready) >= self.episodes_per_batch:
+                take, self._ready = self._ready[:self.episodes_per_batch], self._ready[self.episodes_per_batch:]
+                if any(traces for _, traces, _ in take):
+                    break
+                rounds += 1
+                if rounds >= _MAX_TRACELESS_ROUNDS:
+                    raise RuntimeError(f"{rounds} batches in a row ended without a finished trace; the environments "
+                                       "are failing (see the workers' logged sandbox errors)")
+                continue
+            self._await_one()
+        self._batches += 1
+        batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
+        ages = [self.policy_version - v for _, _, vs in take for v in vs]
+        self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
+                                     staleness_mean=sum(ages) / max(len(ages), 1),
+                                     staleness_max=float(max(ages, default=0)),
+                                     episodes_in_flight=float(sum(len(sh) for _, sh, _ in self._inflight.values())))
+        return batch
+
+    def _refill(self) -> None:
+        """Give every worker without a share in flight a new one (whole groups, enough for its envs)."""
+        idle = [w for w in range(self.num_workers) if all(w != v[0] for v in self._inflight.values())]
+        if idle:
+            self._ensure_workers(idle)
+            groups = max(1, self.envs_per_worker // self.group_size)
+            for w in idle:
+                self._submit(w, self._plan(groups), 0)
+
+    def _submit(self, w: int, share: list[tuple[int, EpisodePlan]], tries: int) -> None:
+        self._inflight[self._call(w, [p for _, p in share])] = (w, share, tries)
+
+    def _await_one(self) -> None:
+        """Wait for one share; its episodes join the ready ones and its worker gets the next share at once
+        (a dead worker is replaced and its share re-run, as in synchronous collection)."""
+        done = self._wait_done()
+        w, share, tries = self._inflight.pop(done)
+        try:
+            episodes, engine_pids = self._result(done)
+        except _WorkerLost as exc:
+            log.warning("rollout worker %d died (%r); re-running its %d episodes", w, exc.__cause__, len(share))
+            self._drop_worker(w)
+            if tries < self.max_retries:
+                self.restarts += 1
+                self._ensure_workers([w])
+                self._submit(w, share, tries + 1)
+            else:  # its worker is started again by the next refill
+                self._ready += [(_lost(eid, plan, exc.__cause__ or exc), [], []) for eid, plan in share]
+            return
+        self._ready += self._received(w, share, episodes, engine_pids)
+
+    def _drop_stale(self) -> None:
+        """Drop the ready groups holding a trace more than ``max_staleness`` versions old."""
+        oldest = self.policy_version - self.max_staleness
+        stale = {stats.group_id for stats, _, vs in self._ready if vs and min(vs) < oldest}
+        if stale:
+            kept = [r for r in self._ready if r[0].group_id not in stale]
+            self.stale_dropped += len(self._ready) - len(kept)
+            self._ready = kept
+
+    def _batch(self, results: list[Result]) -> TensorDict | None:
+        self.last_episode_stats = [stats for stats, _, _ in results]
+        self.last_batch_stats = summarize_episodes(self.last_episode_stats)
+        self.last_batch_stats.update(self._worker_stats())
+        rows = [(EpisodeMeta(s.episode_id, s.group_id, s.terminated, s.truncated), traces)
+                for s, traces, _ in results if traces]
+        if not rows:
+            return None
+        batch = stack_traces(rows, pad_id=self.pad_id)
+        versions = [v for _, traces, vs in results if traces for v in vs]
+        batch["policy_version"] = torch.tensor(versions, dtype=torch.long)
+        return batch
+
+
+class RayCollector(_ShareDriver):
     """:class:`TraceCollector`'s API over Ray rollout workers (see the module docstring).
 
     Args:
@@ -201,43 +417,24 @@ class RayCollector:
                  engine_num_cpus: float = 1.0, engine_num_gpus: float = 0.0, engine_threads: int = 1,
                  engine_max_restarts: int = 2, engine_timeout_s: float = 600.0, max_staleness: int = 0) -> None:
         _validate(num_workers, len(env_fns), episodes_per_batch, tokens_per_batch, group_size, start_timeout_s)
-        if max_staleness < 0 or (max_staleness and tokens_per_batch is not None):
-            raise ValueError(f"max_staleness: expected >= 0 (and 0 with tokens_per_batch), got {max_staleness}")
         if num_engines < 0:
             raise ValueError(f"num_engines: expected >= 0, got {num_engines}")
         if engine_timeout_s <= 0:
             raise ValueError(f"engine_timeout_s: expected > 0, got {engine_timeout_s}")
+        super().__init__(num_workers=num_workers, envs_per_worker=len(env_fns), episodes_per_batch=episodes_per_batch,
+                         tokens_per_batch=tokens_per_batch, total_batches=total_batches, group_size=group_size,
+                         seed=seed, pad_id=pad_id, give_task_to_policy=give_task_to_policy,
+                         reset_options=reset_options, max_staleness=max_staleness, max_retries=max_retries)
         self.env_fns, self.policy_fn = list(env_fns), policy_fn
-        self.num_workers, self.envs_per_worker = num_workers, len(env_fns)
-        self.episodes_per_batch, self.total_batches, self.group_size = episodes_per_batch, total_batches, group_size
-        self.tokens_per_batch = tokens_per_batch
-        self.pad_id, self.give_task_to_policy, self.reset_options = pad_id, give_task_to_policy, reset_options
-        self.worker_num_cpus, self.threads = worker_num_cpus, threads
-        self.start_timeout_s, self.max_retries = start_timeout_s, max_retries
+        self.worker_num_cpus, self.threads, self.start_timeout_s = worker_num_cpus, threads, start_timeout_s
         self.num_engines, self.engine_fn = num_engines, engine_fn or policy_fn
         self.engine_resources = {"num_cpus": engine_num_cpus, "num_gpus": engine_num_gpus}
         self.engine_threads, self.engine_max_restarts = engine_threads, engine_max_restarts
         self.engine_timeout_s = engine_timeout_s
-        self.max_staleness = max_staleness
-        self._inflight: dict[Any, tuple[int, list[tuple[int, EpisodePlan]], int]] = {}
-        """Asynchronous collection: the share each busy worker runs, by its call's reference."""
-        self._ready: list[tuple[EpisodeStats, list[Trace], list[int]]] = []
-        """Asynchronous collection: finished episodes not yet in a batch, in the order they finished."""
-        self.stale_dropped = 0
-        """Asynchronous collection: episodes dropped for being more than ``max_staleness`` versions old."""
         self._engines: list[Any] = []
         self._engine_pids: list[set[int]] = [set() for _ in range(num_engines)]
-        self._workers: list[Any] = [None] * num_workers
-        self._loaded = [-1] * num_workers  # the policy version each worker holds
         self._weights_ref: Any = None
         self._pending_weights = weights
-        self.policy_version = 0
-        self.restarts = 0
-        """Workers replaced after dying."""
-        self._next_episode_id = self._next_group_id = self._batches = 0
-        self.set_seed(seed)
-        self.last_episode_stats: list[EpisodeStats] = []
-        self.last_batch_stats: dict[str, float] = {}
 
     @property
     def engine_restarts(self) -> int:
@@ -252,11 +449,6 @@ class RayCollector:
 
     # -- TraceCollector's surface -------------------------------------------------------------------
 
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        self._seed = int(seed)
-        self._rng = np.random.default_rng(self._seed)
-        return self._seed + 1
-
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         """Publish new weights once (one object in the store); workers load them before their next episodes,
         and, collecting asynchronously, the busy ones before their next round (partial rollouts)."""
@@ -270,17 +462,6 @@ class RayCollector:
             for w, _, _ in self._inflight.values():
                 self._workers[w].offer_weights.remote([self._weights_ref], self.policy_version)
                 self._loaded[w] = self.policy_version
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self._seed, "rng": self._rng.bit_generator.state, "next_episode_id": self._next_episode_id,
-                "next_group_id": self._next_group_id, "batches": self._batches, "policy_version": self.policy_version}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.set_seed(state["seed"])
-        self._rng.bit_generator.state = state["rng"]
-        self._next_episode_id, self._next_group_id = int(state["next_episode_id"]), int(state["next_group_id"])
-        self._batches = int(state["batches"])
-        self.policy_version = int(state.get("policy_version", self.policy_version))
 
     def shutdown(self) -> None:
         """Close every worker's envs and end the actors (episodes in flight are dropped). Idempotent."""
@@ -299,15 +480,6 @@ class RayCollector:
         for a in alive + engines:
             ray.kill(a)
 
-    def __iter__(self):
-        while self.total_batches is None or self._batches < self.total_batches:
-            yield self.next()
-
-    def __len__(self) -> int:
-        if self.total_batches is None:
-            raise TypeError("an endless RayCollector (total_batches=None) has no length")
-        return self.total_batches
-
     # -- collection ------------------------------------------------------------------------------------
 
     def next(self) -> TensorDict | None:
@@ -324,17 +496,6 @@ class RayCollector:
                                "are failing (see the workers' logged sandbox errors)")
         self._batches += 1
         return self._batch(sorted(results, key=lambda r: r[0].episode_id))
-
-    def _plan(self, groups: int | None = None) -> list[tuple[int, EpisodePlan]]:
-        """(episode id, plan) of ``groups`` whole groups (default: one batch), drawn as TraceCollector draws them."""
-        plans = []
-        for _ in range(self.episodes_per_batch // self.group_size if groups is None else groups):
-            group_id, task_seed = self._next_group_id, int(self._rng.integers(0, 2**31 - 1))
-            self._next_group_id += 1
-            for _ in range(self.group_size):
-                plans.append((self._next_episode_id, EpisodePlan(group_id, task_seed, self.reset_options)))
-                self._next_episode_id += 1
-        return plans
 
     def _run(self, plans: list[tuple[int, EpisodePlan]]) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
         """Run the plan's groups on the workers (group g on worker g mod W), re-running lost shares."""
@@ -400,92 +561,35 @@ class RayCollector:
         return out
 
     def _received(self, w: int, share: list[tuple[int, EpisodePlan]], episodes: list, engine_pids: list[int],
-                  ) -> list[tuple[EpisodeStats, list[Trace], list[int]]]:
-        """A share's episodes from worker ``w``, under the ids and groups the driver gave them."""
+                  ) -> list[Result]:
         if self.num_engines:
             self._engine_pids[w % self.num_engines].update(engine_pids)
-        finished = []
-        for (eid, plan), (stats, traces, versions) in zip(share, episodes):
-            stats.episode_id, stats.group_id = eid, plan.group_id
-            finished.append((stats, traces, versions))
-        return finished
+        return super()._received(w, share, episodes, engine_pids)
 
-    # -- asynchronous collection -------------------------------------------------------------------------
+    # -- the asynchronous loop's hooks (see _ShareDriver) -----------------------------------------------
 
-    def _next_async(self) -> TensorDict | None:
-        """The next batch from episodes the workers never stop running (``max_staleness > 0``).
+    def _call(self, w: int, plans: list[EpisodePlan]) -> Any:
+        return self._workers[w].run.remote(plans)
 
-        Every worker always has a share in flight, also while the learner trains: a worker that finishes
-        one gets the next at once, at the newest published version, and a busy worker loads weights
-        published mid-share before its next round. A batch takes the first ``episodes_per_batch``
-        finished episodes (whole groups: a share holds whole groups) of which no trace is more than
-        ``max_staleness`` versions older than the newest; older groups are dropped (``stale_dropped``).
-        """
-        t0 = time.perf_counter()
-        rounds = 0
-        while True:
-            self._refill()
-            self._drop_stale()
-            if len(self._ready) >= self.episodes_per_batch:
-                take, self._ready = self._ready[:self.episodes_per_batch], self._ready[self.episodes_per_batch:]
-                if any(traces for _, traces, _ in take):
-                    break
-                rounds += 1
-                if rounds >= _MAX_TRACELESS_ROUNDS:
-                    raise RuntimeError(f"{rounds} batches in a row ended without a finished trace; the environments "
-                                       "are failing (see the workers' logged sandbox errors)")
-                continue
-            self._await_one()
-        self._batches += 1
-        batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
-        ages = [self.policy_version - v for _, _, vs in take for v in vs]
-        self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
-                                     staleness_mean=sum(ages) / max(len(ages), 1),
-                                     staleness_max=float(max(ages, default=0)),
-                                     episodes_in_flight=float(sum(len(sh) for _, sh, _ in self._inflight.values())))
-        return batch
+    def _wait_done(self) -> Any:
+        return wait_one(self._inflight)
 
-    def _refill(self) -> None:
-        """Give every worker without a share in flight a new one (whole groups, enough for its envs)."""
-        idle = [w for w in range(self.num_workers) if all(w != v[0] for v in self._inflight.values())]
-        if idle:
-            self._ensure_workers(idle)
-            groups = max(1, self.envs_per_worker // self.group_size)
-            for w in idle:
-                self._submit(w, self._plan(groups), 0)
-
-    def _submit(self, w: int, share: list[tuple[int, EpisodePlan]], tries: int) -> None:
-        self._inflight[self._workers[w].run.remote([p for _, p in share])] = (w, share, tries)
-
-    def _await_one(self) -> None:
-        """Wait for one share; its episodes join the ready ones and its worker gets the next share at once
-        (a dead worker is replaced and its share re-run, as in synchronous collection)."""
+    def _result(self, done: Any) -> tuple[list, list[int]]:
         import ray
 
-        done = wait_one(self._inflight)
-        w, share, tries = self._inflight.pop(done)
         try:
-            episodes, engine_pids = ray.get(done)
+            return ray.get(done)
         except ray.exceptions.RayActorError as exc:
-            log.warning("rollout worker %d died (%s); re-running its %d episodes", w, type(exc).__name__, len(share))
-            self._workers[w] = None
-            if tries < self.max_retries:
-                self.restarts += 1
-                self._ensure_workers([w])
-                self._submit(w, share, tries + 1)
-            else:  # its worker is started again by the next refill
-                self._ready += [(_lost(eid, plan, exc), [], []) for eid, plan in share]
-            return
-        self._ready += self._received(w, share, episodes, engine_pids)
+            raise _WorkerLost(f"rollout worker lost: {type(exc).__name__}") from exc
 
-    def _drop_stale(self) -> None:
-        """Drop the ready groups holding a trace more than ``max_staleness`` versions old."""
-        oldest = self.policy_version - self.max_staleness
-        stale = {stats.group_id for stats, _, vs in self._ready if vs and min(vs) < oldest}
-        if stale:
-            kept = [r for r in self._ready if r[0].group_id not in stale]
-            self.stale_dropped += len(self._ready) - len(kept)
-            self._ready = kept
+    def _drop_worker(self, w: int) -> None:
+        self._workers[w] = None
+
+    def _worker_stats(self) -> dict[str, float]:
+        stats = {"rollout_workers": float(self.num_workers), "worker_restarts": float(self.restarts)}
+        if self.num_engines:
+            stats.update(engines=float(self.num_engines), engine_restarts=float(self.engine_restarts))
+        return stats
 
     def _ensure_workers(self, indices: Sequence[int]) -> None:
         """Start the missing workers among ``indices`` and give every one the current weights."""
@@ -551,25 +655,167 @@ class RayCollector:
         return ray.remote(num_cpus=self.worker_num_cpus, max_restarts=0,
                           max_concurrency=2 if self.max_staleness else 1)(RolloutWorker)
 
-    def _batch(self, results: list[tuple[EpisodeStats, list[Trace], int]]) -> TensorDict | None:
-        self.last_episode_stats = [stats for stats, _, _ in results]
-        self.last_batch_stats = summarize_episodes(self.last_episode_stats)
-        self.last_batch_stats.update(rollout_workers=float(self.num_workers), worker_restarts=float(self.restarts))
-        if self.num_engines:
-            self.last_batch_stats.update(engines=float(self.num_engines), engine_restarts=float(self.engine_restarts))
-        rows = [(EpisodeMeta(s.episode_id, s.group_id, s.terminated, s.truncated), traces)
-                for s, traces, _ in results if traces]
-        if not rows:
-            return None
-        batch = stack_traces(rows, pad_id=self.pad_id)
-        versions = [v for _, traces, vs in results if traces for v in vs]
-        batch["policy_version"] = torch.tensor(versions, dtype=torch.long)
-        return batch
+
+class ThreadCollector(_ShareDriver):
+    """Asynchronous collection in the trainer's process: the async loop of :class:`RayCollector`
+    (``max_staleness >= 1``) over one :class:`RolloutWorker` on a background thread, which runs shares of whole
+    groups on ``env_fns`` while the learner trains.
+
+    The thread's sampler is either
+
+    * ``policy_fn(0)`` with ``weights`` (the learner's policy): a copy of its own, never the module being
+      trained. Each published version (a cloned state dict: the learner then goes on changing its tensors in
+      place) is loaded before the worker's next round, a safe point where no forward is running; or
+    * ``policy`` used as it is (the trainer's vLLM engine, a scripted policy): each publication calls its
+      ``update_weights`` hook, if any, at once from the trainer's thread, between two of the worker's requests
+      (a lock serialises the two threads' use of the engine), and its ``last_version``, else the version it
+      was last given, labels each response.
+
+    A failing ``act`` (the engine died mid-request) ends that round's episodes as truncated, their finished
+    traces kept; any other error that stops a share (not a configuration error, which propagates) loses the
+    worker: a new one re-runs the share, ``max_retries`` times, as a dead Ray worker's is. :meth:`shutdown`
+    stops the running share before its next round and closes the envs. Other arguments as for
+    :class:`RayCollector`.
+    """
+
+    def __init__(self, env_fns: Sequence[EnvFn], policy: Policy | None = None, *, policy_fn: PolicyFn | None = None,
+                 weights: Any = None, episodes_per_batch: int, max_staleness: int, total_batches: int | None = None,
+                 group_size: int = 1, seed: int = 0, pad_id: int = 0, give_task_to_policy: bool = True,
+                 reset_options: dict | None = None, max_retries: int = 2) -> None:
+        _validate(1, len(env_fns), episodes_per_batch, None, group_size, 1.0)
+        if max_staleness < 1:
+            raise ValueError(f"max_staleness: expected >= 1 (0: the synchronous TraceCollector), got {max_staleness}")
+        if (policy is None) == (policy_fn is None) or (policy is not None and weights is not None):
+            raise ValueError("ThreadCollector: expected either policy, or policy_fn (with weights to copy), "
+                             f"got policy={policy!r}, policy_fn={policy_fn!r}, weights={type(weights).__name__}")
+        super().__init__(num_workers=1, envs_per_worker=len(env_fns), episodes_per_batch=episodes_per_batch,
+                         tokens_per_batch=None, total_batches=total_batches, group_size=group_size, seed=seed,
+                         pad_id=pad_id, give_task_to_policy=give_task_to_policy, reset_options=reset_options,
+                         max_staleness=max_staleness, max_retries=max_retries)
+        self.env_fns = list(env_fns)
+        self.sampler = _Serialized(policy) if policy is not None else None
+        self.policy_fn: PolicyFn = policy_fn if policy_fn is not None else (lambda index: self.sampler)
+        self._source, self._published = weights, None  # the learner's policy: cloned when a worker first needs it
+        self._threads: list[concurrent.futures.ThreadPoolExecutor | None] = [None] * self.num_workers
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """Publish the learner's new weights (``version``, when given, numbers them; else +1): the sampler's hook
+        syncs them now, or the worker's copy loads a clone before its next round (at once if it is idle)."""
+        self.policy_version = int(kwargs.get("version", self.policy_version + 1))
+        if self.sampler is not None:
+            self.sampler.update_weights(policy_or_weights, as_version=self.policy_version, **kwargs)
+            return
+        self._source, self._published = None, _cloned_state(policy_or_weights) if policy_or_weights is not None else None
+        busy = {w for w, _, _ in self._inflight.values()}
+        for w in busy:
+            self._workers[w].offer_weights([self._published], self.policy_version)
+            self._loaded[w] = self.policy_version
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._loaded = [-1] * self.num_workers  # the learner's restored weights, at the restored version
+        if self.sampler is not None:
+            self.sampler.version = self.policy_version
+
+    def next(self) -> TensorDict | None:
+        """The next batch (see :meth:`RayCollector._next_async`)."""
+        return self._next_async()
+
+    def shutdown(self) -> None:
+        """Stop the running share before its next round (its episodes are dropped), close the envs. Idempotent."""
+        for worker in self._workers:
+            if worker is not None:
+                worker.stopping = True
+        for w, pool in enumerate(self._threads):
+            if pool is not None:
+                pool.shutdown(wait=True)
+            self._drop_worker(w)
+        self._inflight, self._ready, self._threads = {}, [], [None] * self.num_workers
+
+    # -- the asynchronous loop's hooks (see _ShareDriver) -----------------------------------------------
+
+    def _ensure_workers(self, indices: Sequence[int]) -> None:
+        for w in indices:
+            if self._workers[w] is None:
+                self._workers[w] = RolloutWorker(self.env_fns, self.policy_fn, w, pad_id=self.pad_id,
+                                                 give_task_to_policy=self.give_task_to_policy, threads=None,
+                                                 lost_errors=(Exception,))
+                self._loaded[w] = -1
+            if self._loaded[w] != self.policy_version:  # idle: nothing else touches its policy now
+                if self._published is None and self._source is not None:
+                    self._published = _cloned_state(self._source)
+                self._workers[w].set_weights([self._published], self.policy_version)
+                self._loaded[w] = self.policy_version
+            if self._threads[w] is None:
+                self._threads[w] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compactrl-rollout{w}")
+
+    def _call(self, w: int, plans: list[EpisodePlan]) -> concurrent.futures.Future:
+        return self._threads[w].submit(self._workers[w].run, plans)
+
+    def _wait_done(self) -> concurrent.futures.Future:
+        done, _ = concurrent.futures.wait(list(self._inflight), return_when=concurrent.futures.FIRST_COMPLETED)
+        return next(f for f in self._inflight if f in done)  # the earliest submitted among the finished
+
+    def _result(self, done: concurrent.futures.Future) -> tuple[list, list[int]]:
+        try:
+            return done.result()
+        except CONFIG_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the worker is replaced and its share re-run
+            raise _WorkerLost(f"rollout worker lost: {type(exc).__name__}") from exc
+
+    def _drop_worker(self, w: int) -> None:
+        worker, self._workers[w] = self._workers[w], None
+        if worker is not None:
+            try:
+                worker.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a broken env has nothing left to close
+                log.warning("closing the rollout thread's envs: %r", exc)
+
+    def _worker_stats(self) -> dict[str, float]:
+        return {"worker_restarts": float(self.restarts)}
+
+
+class _Serialized:
+    """A sampler whose ``act`` and ``update_weights`` never overlap (one socket to the engine, one thread at a
+    time), and which knows the version each ``act`` was served by (``last_version``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy, self.version, self.last_version = policy, 0, None
+        self._lock = threading.Lock()
+        self._turn = threading.Lock()  # held by a waiting sync: the next request waits for it (no starving)
+
+    def act(self, requests):
+        with self._turn:
+            pass
+        with self._lock:
+            out = self.policy.act(requests)
+            served = getattr(self.policy, "last_version", None)
+            self.last_version = self.version if served is None else int(served)
+        return out
+
+    def update_weights(self, model: Any, *, as_version: int, **kwargs: Any) -> None:
+        """Sync the sampler (its hook, with ``kwargs``) between two requests; its answers are ``as_version``'s."""
+        hook = getattr(self.policy, "update_weights", None)
+        with self._turn, self._lock:
+            if callable(hook):
+                hook(model, **kwargs)
+            self.version = as_version
+
+    def __getattr__(self, name: str) -> Any:  # sampling, tokenizer, ...: the sampler's
+        return getattr(self.__dict__["policy"], name)
 
 
 def _lost(episode_id: int, plan: EpisodePlan, exc: BaseException) -> EpisodeStats:
     return EpisodeStats(episode_id=episode_id, group_id=plan.group_id, task_seed=plan.task_seed, truncated=True,
                         sandbox_error=f"rollout worker lost: {type(exc).__name__}")
+
+
+def _cloned_state(policy_or_weights: Any) -> dict[str, Any]:
+    """A CPU copy of the weights that the learner's next in-place update leaves alone (``_state_of`` shares them
+    on CPU)."""
+    state = policy_or_weights if isinstance(policy_or_weights, dict) else policy_or_weights.state_dict()
+    return {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in state.items()}
 
 
 def _state_of(policy_or_weights: Any) -> dict[str, Any]:

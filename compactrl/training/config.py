@@ -306,8 +306,9 @@ class DistributedConfig:
     max_staleness: int = 0
     """Asynchronous rollouts: the workers never stop generating (also while the learner trains), a busy
     worker takes new weights before its next round (an episode goes on with them), and a batch admits
-    only traces at most this many policy versions older than the newest. 0: synchronous collection,
-    exactly as before (docs/distributed.md#asynchronous-rollouts)."""
+    only traces at most this many policy versions older than the newest. Without rollout workers the
+    rollouts run on a thread of the trainer's process (its own copy of the policy, or the trainer's vLLM
+    engine). 0: synchronous collection, exactly as before (docs/distributed.md#asynchronous-rollouts)."""
 
     def __post_init__(self) -> None:
         _check(self.num_rollout_workers >= 0, "distributed.num_rollout_workers", ">= 0", self.num_rollout_workers)
@@ -317,8 +318,6 @@ class DistributedConfig:
         _check(not self.num_engines or self.num_rollout_workers, "distributed.num_engines",
                "0 without rollout workers (distributed.num_rollout_workers > 0)", self.num_engines)
         _check(self.max_staleness >= 0, "distributed.max_staleness", ">= 0", self.max_staleness)
-        _check(not self.max_staleness or self.num_rollout_workers, "distributed.max_staleness",
-               "0 without rollout workers (asynchronous rollouts run on Ray workers)", self.max_staleness)
 
 
 @dataclass(frozen=True)
@@ -487,6 +486,9 @@ class TrainConfig:
             # the agent's episodes run in the trainer's process, behind its in-process gateway
             _check(self.distributed.num_rollout_workers == 0, "distributed.num_rollout_workers",
                    "0 with rollout.source=mini_swe_agent", self.distributed.num_rollout_workers)
+            # its sessions are collected batch by batch (asynchronous rollouts run trace collectors' shares)
+            _check(self.distributed.max_staleness == 0, "distributed.max_staleness",
+                   "0 with rollout.source=mini_swe_agent", self.distributed.max_staleness)
 
         if self.rollout.engine == "vllm" and self.distributed.num_rollout_workers:
             # rollout workers reach the vLLM engine through engine actors (each owns one engine process)

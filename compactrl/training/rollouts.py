@@ -8,6 +8,9 @@ the config asks for, so the loop never asks which one it has:
   ``env.num_envs`` wrapped envs with the policy in the trainer's process;
 * ``distributed.num_rollout_workers > 0``: a :class:`~compactrl.distributed.RayCollector`, rollout
   workers on Ray each building the policy from the config (:func:`worker_policy`);
+* ``distributed.max_staleness > 0`` without rollout workers: a
+  :class:`~compactrl.distributed.ThreadCollector`, rollouts on a thread of the trainer's process that
+  go on while the learner trains (:func:`thread_collector`);
 * ``rollout.source=mini_swe_agent``: an :class:`~compactrl.gateway.collector.AgentCollector`,
   mini-swe-agent on the env's tasks through a gateway in front of the policy;
 * ``rollout.engine=vllm`` without rollout workers: either in-process source generating with a
@@ -133,7 +136,9 @@ class EngineRollouts(CollectorRollouts):
 
     Every rollout of a batch comes from the engine's current version: the batch gets
     ``policy_version`` and ``last_batch_metrics`` the version and how far the engine's sampling
-    log-probs are from the learner's before the update (:func:`engine_mismatch`). Each sync sends
+    log-probs are from the learner's before the update (:func:`engine_mismatch`). Collecting
+    asynchronously (a :class:`~compactrl.distributed.ThreadCollector`), the engine generates on the
+    collector's thread and each trace keeps the version that produced it. Each sync sends
     the learner's weights tagged with the iteration and checks them on the probe batch (a failing
     check raises, before the next collection); ``last_sync`` is the engine's report.
     """
@@ -150,8 +155,10 @@ class EngineRollouts(CollectorRollouts):
     def next(self) -> TensorDict:
         batch = trim_padding(self.collector.next())
         version = self.engine.last_version
+        # asynchronous (``distributed.max_staleness``): the mismatch includes the policy lag of the older traces
         self.last_batch_metrics = {"engine/version": float(version), **engine_mismatch(self.learner, batch)}
-        batch["policy_version"] = torch.full((batch.batch_size[0],), version, dtype=torch.long)
+        if "policy_version" not in batch.keys():  # synchronous: every rollout from the engine's current version
+            batch["policy_version"] = torch.full((batch.batch_size[0],), version, dtype=torch.long)
         return batch
 
     def update_weights(self, policy: Any, version: int, reference: Callable | None = None) -> None:
@@ -191,7 +198,7 @@ def make_rollouts(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | N
         summarizer = frozen_summarizer(cfg, policy) if cfg.rl.frozen_summarizer else None
         if summarizer is not None:
             acting = SummaryRouter(acting, summarizer)
-        collector = in_process_collector(cfg, acting, pad_id=pad_id, run=run)
+        collector = in_process_collector(cfg, acting, pad_id=pad_id, run=run, learner=policy, summarizer=summarizer)
     except BaseException:
         if engine is not None:
             engine.close()
@@ -209,17 +216,44 @@ def frozen_summarizer(cfg: TrainConfig, policy: Any) -> Any:
     return frozen
 
 
-def in_process_collector(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | None) -> Any:
-    """The collector of ``rollout.source`` in the trainer's process, acting with ``policy``."""
+def in_process_collector(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | None, learner: Any = None,
+                         summarizer: Any = None) -> Any:
+    """The collector of ``rollout.source`` in the trainer's process, acting with ``policy``; with
+    ``distributed.max_staleness > 0`` asynchronous, on a thread (:func:`thread_collector`)."""
     if cfg.rollout.source == "mini_swe_agent":
         return agent_collector(cfg, policy, pad_id=pad_id, run=run)
     from compactrl.collectors.trace_collector import TraceCollector
 
-    return TraceCollector(
-        make_env_fns(cfg.env, split="train", count=cfg.env.num_envs), policy,
-        episodes_per_batch=cfg.rl.episodes_per_iter, group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1,
-        seed=cfg.seed + 1, pad_id=pad_id, give_task_to_policy=False,
-    )
+    env_fns = make_env_fns(cfg.env, split="train", count=cfg.env.num_envs)
+    common = dict(episodes_per_batch=cfg.rl.episodes_per_iter, seed=cfg.seed + 1, pad_id=pad_id,
+                  group_size=cfg.rl.group_size if cfg.rl.algo == "grpo" else 1, give_task_to_policy=False)
+    if cfg.distributed.max_staleness:
+        return thread_collector(cfg, env_fns, policy, learner, summarizer, **common)
+    return TraceCollector(env_fns, policy, **common)
+
+
+def thread_collector(cfg: TrainConfig, env_fns: list[Callable], policy: Any, learner: Any, summarizer: Any,
+                     **common: Any) -> Any:
+    """Asynchronous rollouts in the trainer's process (docs/distributed.md#asynchronous-rollouts): a
+    :class:`~compactrl.distributed.ThreadCollector` whose thread generates while the learner trains. Its
+    sampler is the vLLM engine itself (``policy``, synced between its requests) or, with
+    ``rollout.engine=transformers``, a copy of ``learner`` built as a rollout worker builds its own
+    (:func:`worker_policy`; behind the frozen summariser's router, if any), loading each published version
+    before its next round."""
+    from compactrl.distributed.collector import ThreadCollector
+
+    k = cfg.distributed.max_staleness
+    if cfg.rollout.engine == "vllm":
+        return ThreadCollector(env_fns, policy, max_staleness=k, **common)
+    copy_fn = functools.partial(sampler_copy, cfg.to_json(), summarizer)
+    return ThreadCollector(env_fns, policy_fn=copy_fn, weights=learner, max_staleness=k, **common)
+
+
+def sampler_copy(cfg_json: str, summarizer: Any, index: int) -> Any:
+    """The rollout thread's own sampling policy (:func:`worker_policy`), its summaries written by the frozen
+    ``summarizer`` when there is one."""
+    policy = worker_policy(cfg_json, index)
+    return policy if summarizer is None else SummaryRouter(policy, summarizer)
 
 
 def report_lines(cfg: TrainConfig, rows: list[dict[str, Any]]) -> list[str]:
@@ -293,6 +327,10 @@ class SummaryRouter:
         hook = getattr(self.policy, "update_weights", None)
         if callable(hook):
             hook(model, **kwargs)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """New weights for the policy (a rollout thread's copy); the summariser stays."""
+        self.policy.load_state_dict(state)
 
     def act(self, requests):
         out: list[Any] = [None] * len(requests)

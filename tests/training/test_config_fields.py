@@ -122,7 +122,8 @@ CHANGES: dict[str, tuple[dict[str, Any], Any]] = {
     "distributed.envs_per_worker": ({"distributed.num_rollout_workers": 1}, 3),
     "distributed.start_timeout_s": ({"distributed.num_rollout_workers": 1}, 5.0),
     "distributed.num_engines": ({"distributed.num_rollout_workers": 1}, 1),
-    "distributed.max_staleness": ({"distributed.num_rollout_workers": 1}, 2),
+    # also without rollout workers since asynchronous rollouts run in process too (ThreadCollector)
+    "distributed.max_staleness": ({}, 2),
 }
 
 
