@@ -95,8 +95,10 @@ class CollectorRollouts:
     the policy Ray workers start from); ``summarizer`` the frozen summariser, if any.
     """
 
-    def __init__(self, collector: Any, policy: Any, summarizer: Any = None, learner: Any = None) -> None:
+    def __init__(self, collector: Any, policy: Any, summarizer: Any = None, learner: Any = None, *,
+                 sampler_differs: bool = False) -> None:
         self.collector, self.policy, self.summarizer, self.learner = collector, policy, summarizer, learner
+        self.sampler_differs = sampler_differs
         self.last_batch_metrics: dict[str, float] = {}
 
     @property
@@ -111,7 +113,9 @@ class CollectorRollouts:
 
     def next(self) -> TensorDict:
         batch = trim_padding(self.collector.next())
-        if self.learner is not None:  # the sampler's routes against the learner's (the same model: ~0)
+        if self.learner is not None and self.sampler_differs:  # an fp8 cache, a sampler copy a version behind
+            self.last_batch_metrics = engine_mismatch(self.learner, batch)
+        elif self.learner is not None:  # the sampler's routes against the learner's (the same model: ~0)
             self.last_batch_metrics = route_mismatch(self.learner, batch)
         return batch
 
@@ -190,8 +194,10 @@ def make_rollouts(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | N
     summariser (``rl.frozen_summarizer``, a copy of ``policy``), the collector. Whatever fails after
     the engine started closes it.
     """
+    differs = sampler_differs(cfg)
     if cfg.distributed.num_rollout_workers:
-        return CollectorRollouts(ray_collector(cfg, policy, pad_id=pad_id, run=run), policy, learner=policy)
+        return CollectorRollouts(ray_collector(cfg, policy, pad_id=pad_id, run=run), policy, learner=policy,
+                                 sampler_differs=differs)
     engine = start_engine(cfg, policy, run) if cfg.rollout.engine == "vllm" else None
     try:
         acting = policy if engine is None else engine
@@ -204,8 +210,15 @@ def make_rollouts(cfg: TrainConfig, policy: Any, *, pad_id: int, run: RunDir | N
             engine.close()
         raise
     if engine is None:
-        return CollectorRollouts(collector, acting, summarizer, learner=policy)
+        return CollectorRollouts(collector, acting, summarizer, learner=policy, sampler_differs=differs)
     return EngineRollouts(collector, acting, engine, policy, summarizer)
+
+
+def sampler_differs(cfg: TrainConfig) -> bool:
+    """Whether the transformers sampler may draw from other log-probs than the learner's: an fp8 KV cache
+    (``rollout.kv_cache_dtype``) or a sampler that may be versions behind (``distributed.max_staleness``).
+    Then every batch's ``mismatch/*`` (k3, max and mean |delta log p|) is measured as for the engine."""
+    return cfg.rollout.kv_cache_dtype == "fp8" or cfg.distributed.max_staleness > 0
 
 
 def frozen_summarizer(cfg: TrainConfig, policy: Any) -> Any:

@@ -76,18 +76,43 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
         assert diff <= 1e-4 * scale + 1e-9, (k, diff, scale)
 
 
-@pytest.mark.parametrize("algo,long_traces", [("ppo", False), ("grpo", False), ("ppo", True)],
-                         ids=["ppo", "grpo", "ppo-chunked-checkpointed"])
-def test_two_ranks_give_one_process_gradients_and_parameters(ray_cluster, algo, long_traces):
+def _with_routes(batch, model, seed: int):
+    """``batch`` with recorded routes that are not the model's own: for every real token and MoE layer,
+    ``k`` distinct experts drawn at random (``routed_experts`` ``[N, L, moe_layers, k]`` uint8, 255 on padding)."""
+    from compactrl.policies.routing import moe_layer_indices, num_experts
+
+    n, length = batch["tokens"].shape
+    layers, experts, k = len(moe_layer_indices(model)), num_experts(model), model.config.num_experts_per_tok
+    g = torch.Generator().manual_seed(seed)
+    routes = torch.rand(n, length, layers, experts, generator=g).argsort(-1)[..., :k].to(torch.uint8)
+    batch["routed_experts"] = routes.masked_fill(~batch["attention_mask"].bool()[..., None, None], 255)
+    return batch
+
+
+@pytest.mark.parametrize("algo,long_traces,replay", [("ppo", False, False), ("grpo", False, False),
+                                                      ("ppo", True, False), ("ppo", False, True)],
+                         ids=["ppo", "grpo", "ppo-chunked-checkpointed", "ppo-routing-replay"])
+def test_two_ranks_give_one_process_gradients_and_parameters(ray_cluster, algo, long_traces, replay):
     """``long_traces``: log-probs in chunks of 8 positions and activation checkpointing, on both sides (the
-    chunks' recomputation in the backward runs inside the sharded root's hooks)."""
+    chunks' recomputation in the backward runs inside the sharded root's hooks). ``replay``: the batch
+    carries recorded routes (not the model's own) and ``rl.routing_replay`` is on, so every forward of
+    every rank routes by them (the update differs from one without replay)."""
     cfg = _cfg(algo, **({"learner.logprob_chunk_tokens": 8, "learner.activation_checkpointing": True}
-                        if long_traces else {}))
+                        if long_traces else {}), **({"rl.routing_replay": True} if replay else {}))
     local = _local(cfg)
     sharded = _sharded(cfg, local.policy)
+    if replay:  # the same first update without replay: another gradient
+        plain = _local(override(cfg, {"rl.routing_replay": False}))
+        plain.policy.model.load_state_dict(local.policy.model.state_dict())
+        plain.critic.load_state_dict(local.critic.state_dict())
+        batch = _with_routes(_batch(seed=0), local.policy.model, seed=0)
+        stats = plain.update(plain.advantages(batch.clone()))
+        first_without_replay = stats["policy/grad_norm"]
     try:
         for it in range(2):  # k = 2 updates x (2 epochs x 2 minibatches) policy steps
             batch = _batch(seed=it)
+            if replay:
+                batch = _with_routes(batch, local.policy.model, seed=it)
             a = local.advantages(batch.clone())
             b = sharded.advantages(batch.clone())
             if algo == "ppo":
@@ -95,6 +120,9 @@ def test_two_ranks_give_one_process_gradients_and_parameters(ray_cluster, algo, 
             assert torch.allclose(a["advantage"], b["advantage"], atol=1e-5)
             stats_a, stats_b = local.update(a), sharded.update(b)
             assert stats_a["policy/grad_norm"] == pytest.approx(stats_b["policy/grad_norm"], rel=1e-4)
+            if replay and it == 0:
+                # one deterministic process: any difference is the routes' (here 7e-4 relative)
+                assert abs(stats_a["policy/grad_norm"] - first_without_replay) > 1e-4 * first_without_replay
             assert stats_a["loss/objective"] == pytest.approx(stats_b["loss/objective"], rel=1e-4, abs=1e-6)
             got = sharded.ranks.call("grads")
             _assert_close(_grads(local.policy.model), got["policy"])

@@ -185,3 +185,26 @@ def test_vllms_cpu_refusal_is_known_before_the_engine_starts():
     assert fp8_kv_refusal(fp8, flags=frozenset({"amx_tile"}), cuda=False) is None
     assert fp8_kv_refusal(fp8, flags=avx2, cuda=True) is None  # a GPU engine: vLLM's CUDA kernels decide
     assert fp8_kv_refusal(VLLMEngineConfig(model="m"), flags=avx2, cuda=False) is None
+
+
+def test_the_in_process_fp8_sampler_measures_its_mismatch_every_batch(tokenizer):
+    """With the fp8 cache the transformers sampler draws from other log-probs than the learner's (which
+    scores without a cache), so its rollouts report ``mismatch/*`` as the engine's do: k3 and |delta log p|
+    above zero; with the model's own cache only the routes are compared (one computation)."""
+    from compactrl.training import rollouts as R
+    from compactrl.training.config import override, preset
+
+    for dtype in ("fp8", "auto"):
+        cfg = override(preset("smoke"), {"rollout.kv_cache_dtype": dtype, "rl.episodes_per_iter": 2})
+        policy, _ = R.build_policy(cfg, tokenizer)
+        rollouts = R.make_rollouts(cfg, policy, pad_id=tokenizer.pad_token_id or 0)
+        try:
+            rollouts.next()
+            m = rollouts.last_batch_metrics
+        finally:
+            rollouts.close()
+        assert R.sampler_differs(cfg) == (dtype == "fp8")
+        if dtype == "fp8":
+            assert m["mismatch/tokens"] > 0 and m["mismatch/max_abs_dlogp"] > 0 and m["mismatch/k3"] >= 0
+        else:
+            assert "mismatch/k3" not in m and m["mismatch/route_disagree_all"] == 0.0
