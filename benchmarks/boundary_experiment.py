@@ -178,20 +178,24 @@ def arm_config(base, arm: str, seed: int, sft_model: str):
 
 def final_evaluation(cfg, model_dir: str, episodes: int) -> list[list]:
     """``[task_seed, success, traces]`` of each of ``episodes`` held-out episodes of ``model_dir``
-    (greedy; the same task seeds for every model of a regime)."""
+    (greedy; the same task seeds for every model of a regime; a frozen-summariser arm's summaries by
+    its frozen start, ``cfg.model.pretrained``)."""
     import torch
 
     from compactrl.eval.episodes import evaluate_policy
     from compactrl.tokenizer import load_tokenizer
     from compactrl.training.config import override
-    from compactrl.training.rollouts import build_policy, make_env_fns
+    from compactrl.training.rollouts import build_policy, evaluation_policy, make_env_fns
 
     torch.set_num_threads(cfg.threads)
     tokenizer = load_tokenizer()
     _, policy = build_policy(override(cfg, {"model.pretrained": model_dir}), tokenizer)
+    if cfg.rl.frozen_summarizer:  # summaries by the frozen start (the SFT model), as in training
+        policy = evaluation_policy(cfg, policy, build_policy(cfg, tokenizer)[0])
     fns = make_env_fns(cfg.env, split=cfg.eval.split, count=cfg.env.num_envs, budget=cfg.eval.context_budget or None)
     _, stats = evaluate_policy(fns, policy, episodes=episodes, seed=cfg.eval.seed, pad_id=tokenizer.pad_token_id or 0)
-    return [[s.task_seed, int(s.success), s.num_traces] for s in stats]
+    # the fourth entry: how long each of the episode's summary calls kept it waiting (seconds)
+    return [[s.task_seed, int(s.success), s.num_traces, [round(x, 4) for x in s.summary_latencies_s]] for s in stats]
 
 
 def compute_counts(cfg, rows: list[dict]) -> dict[str, float]:
@@ -242,14 +246,16 @@ def _critic_row(rows: list[dict], *, last: bool) -> dict[str, float]:
 
 MISMATCH_KEYS = ("policy/tis_clip_fraction", "policy/tis_weight_mean", "policy/mis_drop_fraction")
 """Beside every ``mismatch/*`` figure: what the importance corrections did."""
+TIMING_KEYS = ("train/wait_s", "train/staleness_mean", "train/staleness_max", "train/stale_dropped",
+               "train/episodes_in_flight")
+"""Beside every ``time/*`` figure: asynchronous collection's waiting and staleness."""
 
 
-def mismatch_means(rows: list[dict]) -> dict[str, float]:
-    """The policy iterations' mean of each ``mismatch/*`` figure and of :data:`MISMATCH_KEYS` (the
-    sampler-learner mismatch of each batch before its update, and the corrections' share of tokens)."""
+def iteration_means(rows: list[dict], prefix: str, keys: tuple[str, ...] = ()) -> dict[str, float]:
+    """The policy iterations' mean of every figure named ``prefix...`` or in ``keys`` (those present)."""
     iters = [r for r in rows if r.get("iteration", 0) > 0]
-    keys = sorted({k for r in iters for k in r if k.startswith("mismatch/") or k in MISMATCH_KEYS})
-    return {k: v for k in keys if (v := _mean([r.get(k) for r in iters])) is not None}
+    names = sorted({k for r in iters for k in r if k.startswith(prefix) or k in keys})
+    return {k: v for k in names if (v := _mean([r.get(k) for r in iters])) is not None}
 
 
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
@@ -265,18 +271,23 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing to resume, start over
         train(cfg, run_dir, resume=(run_dir / "checkpoint.pt").exists())
     rows = RunDir(run_dir).rows()
+    t_eval = time.perf_counter()
     record = {
         "regime": spec["regime"], "arm": spec["arm"], "seed": spec["seed"],
         "curve": [[r["iteration"], r["eval/success_rate"]] for r in rows
                   if "eval/success_rate" in r and r["iteration"] > 0],
         "episodes": final_evaluation(cfg, str(run_dir / "final_model"), spec["final_episodes"]),
+        "final_eval_s": time.perf_counter() - t_eval,
         "counts": compute_counts(cfg, rows),
         "progress": progress(rows),
         # the critic's held-out diagnostics (trainer keys eval/critic/...): at its last evaluation, and
         # at iteration 0, right after critic pre-training
         "critic": _critic_row(rows, last=True),
         "critic_after_pretrain": _critic_row([r for r in rows if r["iteration"] == 0], last=True),
-        "mismatch": mismatch_means(rows),
+        # per-iteration means: the sampler-learner mismatch before each update and the corrections' shares;
+        # where the iteration's time went, with asynchronous collection's waiting and staleness
+        "mismatch": iteration_means(rows, "mismatch/", MISMATCH_KEYS),
+        "timing": iteration_means(rows, "time/", TIMING_KEYS),
         "wall_clock_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,  # what the cell costs whatever else runs on the machine
     }
@@ -678,6 +689,36 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
         for spec, future in [(s, pool.submit(fn, s)) for s in specs]:
             future.result()
             log.info("finished %s", spec["cell_path"])
+
+
+def arm_cells(out: Path, regime: str, base, arms: dict[str, dict[str, Any]], seeds: int, sft_model: str, *,
+              final_episodes: int, jobs: int, threads: int) -> list[dict]:
+    """The cells of an arms experiment outside :data:`ARMS` (``benchmarks/mismatch_experiment.py``,
+    ``benchmarks/async_rollouts_bench.py``): every (arm, seed) starts from ``sft_model`` with ``base``
+    and the arm's changes; missing cells run (:func:`run_cell`), seed by seed, then all are read back."""
+    from compactrl.training.config import override
+
+    specs = [{"regime": regime, "arm": a, "seed": s, "final_episodes": final_episodes,
+              "config": override(base, {**changes, "seed": s, "model.pretrained": sft_model,
+                                        "sft.enabled": False}).to_dict(),
+              "run_dir": str(out / a / f"seed{s}"), "cell_path": str(out / "cells" / f"{a}__seed{s}.json")}
+             for s in range(seeds) for a, changes in arms.items()]
+    todo = [s for s in specs if not Path(s["cell_path"]).exists()]
+    log.info("%d cells, %d to run (%d finished)", len(specs), len(todo), len(specs) - len(todo))
+    _run_all(run_cell, todo, jobs, None, threads)
+    return [json.loads(Path(s["cell_path"]).read_text()) for s in specs]
+
+
+def interval(xs: list[float]) -> dict[str, float]:
+    """Mean and 95% t-interval of ``xs`` as ``{"mean", "lo", "hi"}``."""
+    return dict(zip(("mean", "lo", "hi"), t_interval(xs)))
+
+
+def fmt_interval(d: dict[str, float] | None, fmt: str = "{:.3f}") -> str:
+    """``mean [lo, hi]`` of an :func:`interval` ('-' for none)."""
+    if not d:
+        return "-"
+    return f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]"
 
 
 def _spread(regimes: list[str], out: Path, groups: int, extra: dict[str, Any]) -> int:

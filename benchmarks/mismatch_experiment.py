@@ -34,8 +34,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import boundary_experiment as be  # noqa: E402  (one cell runner, one set of statistics)
 
-log = logging.getLogger("mismatch_experiment")
-
 TIS_CAP = 2.0
 """TIS's cap on the learner/sampler ratio (the value docs/mismatch.md uses)."""
 
@@ -77,16 +75,6 @@ def base_config(sampler: str, threads: int, extra: dict[str, Any]):
     return override(preset("main"), {**sampler_changes(sampler)[0], "threads": threads, **extra})
 
 
-def cell_config(base, arm: str, seed: int, sft_model: str):
-    from compactrl.training.config import override
-
-    return override(base, {**ARMS[arm], "seed": seed, "model.pretrained": sft_model, "sft.enabled": False})
-
-
-def _interval(xs: list[float]) -> dict[str, float]:
-    return dict(zip(("mean", "lo", "hi"), be.t_interval(xs)))
-
-
 def summarize(cells: list[dict]) -> dict[str, Any]:
     """Per arm: held-out success and each :data:`REPORTED` figure with 95% t-intervals over seeds."""
     out: dict[str, Any] = {}
@@ -96,9 +84,9 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
             continue
         final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in mine]
         k, n = sum(sum(e[1] for e in c["episodes"]) for c in mine), sum(len(c["episodes"]) for c in mine)
-        figures = {key: _interval([c["mismatch"][key] for c in mine])
+        figures = {key: be.interval([c["mismatch"][key] for c in mine])
                    for key in REPORTED if all(key in c.get("mismatch", {}) for c in mine)}
-        out[arm] = {"seeds": [c["seed"] for c in mine], "final_per_seed": final, "final": _interval(final),
+        out[arm] = {"seeds": [c["seed"] for c in mine], "final_per_seed": final, "final": be.interval(final),
                     "pooled_wilson": list(be.wilson(k, n)), "mismatch": figures,
                     "cell_wall_clock_s": sum(c["wall_clock_s"] for c in mine) / len(mine),
                     "cell_cpu_s": sum(c.get("cpu_s", float("nan")) for c in mine) / len(mine)}
@@ -117,12 +105,6 @@ def paired(arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def _ci(d: dict[str, float] | None, fmt: str = "{:.3f}") -> str:
-    if not d:
-        return "-"
-    return f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]"
-
-
 def markdown(results: dict[str, Any]) -> str:
     lines = [f"Mismatch experiment: {results['sampler_line']}.", "",
              f"SFT model held-out success {results['sft_success']:.3f}; {results['config_summary']}.", "",
@@ -132,11 +114,11 @@ def markdown(results: dict[str, Any]) -> str:
     for arm, r in results["arms"].items():
         m = r["mismatch"]
         lines.append(
-            f"| {arm} | {len(r['seeds'])} | {_ci(r['final'])} | [{r['pooled_wilson'][0]:.3f}, "
-            f"{r['pooled_wilson'][1]:.3f}] | {_ci(m.get('mismatch/k3'), '{:.2e}')} | "
-            f"{_ci(m.get('mismatch/max_abs_dlogp'))} | {_ci(m.get('mismatch/mean_abs_dlogp'), '{:.4f}')} | "
-            f"{_ci(m.get('mismatch/route_disagree_all'))} | {_ci(m.get('mismatch/route_disagree_task'))} | "
-            f"{_ci(m.get('mismatch/route_disagree_summary'))} | {_ci(m.get('policy/tis_clip_fraction'), '{:.4f}')} | "
+            f"| {arm} | {len(r['seeds'])} | {be.fmt_interval(r['final'])} | [{r['pooled_wilson'][0]:.3f}, "
+            f"{r['pooled_wilson'][1]:.3f}] | {be.fmt_interval(m.get('mismatch/k3'), '{:.2e}')} | "
+            f"{be.fmt_interval(m.get('mismatch/max_abs_dlogp'))} | {be.fmt_interval(m.get('mismatch/mean_abs_dlogp'), '{:.4f}')} | "
+            f"{be.fmt_interval(m.get('mismatch/route_disagree_all'))} | {be.fmt_interval(m.get('mismatch/route_disagree_task'))} | "
+            f"{be.fmt_interval(m.get('mismatch/route_disagree_summary'))} | {be.fmt_interval(m.get('policy/tis_clip_fraction'), '{:.4f}')} | "
             f"{r['cell_wall_clock_s'] / 60:.1f}, {r['cell_cpu_s'] / 60:.1f} |")
     lines += ["", "| paired over seeds (a - b) | held-out success: diff [95% CI], MDE80 |", "|---|---|"]
     for name, d in results["paired"].items():
@@ -178,13 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(sft_spec["cell_path"]).exists():
         be.run_sft(sft_spec)
     sft = json.loads(Path(sft_spec["cell_path"]).read_text())
-    specs = [{"regime": "main", "arm": a, "seed": s, "config": cell_config(base, a, s, sft["model"]).to_dict(),
-              "run_dir": str(out / a / f"seed{s}"), "cell_path": str(out / "cells" / f"{a}__seed{s}.json"),
-              "final_episodes": args.final_episodes} for s in range(args.seeds) for a in arms]
-    todo = [s for s in specs if not Path(s["cell_path"]).exists()]
-    log.info("%d cells, %d to run (%d finished)", len(specs), len(todo), len(specs) - len(todo))
-    be._run_all(be.run_cell, todo, args.jobs, None, threads)
-    cells = [json.loads(Path(s["cell_path"]).read_text()) for s in specs]
+    cells = be.arm_cells(out, "main", base, {a: ARMS[a] for a in arms}, args.seeds, sft["model"],
+                         final_episodes=args.final_episodes, jobs=args.jobs, threads=threads)
     arm_results = summarize(cells)
     results = {
         "command": " ".join(["python benchmarks/mismatch_experiment.py", *(argv if argv is not None else sys.argv[1:])]),
@@ -195,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "sft_success": sum(e[1] for e in sft["episodes"]) / max(1, len(sft["episodes"])),
         "config_summary": (f"{base.rl.iterations} policy iterations x {base.rl.episodes_per_iter} episodes, "
                            f"{args.final_episodes} held-out tasks at the end, {args.seeds} seeds, TIS cap {TIS_CAP}"),
-        "cells": len(cells), "cells_run_now": len(todo), "arms": arm_results, "paired": paired(arm_results),
+        "cells": len(cells), "arms": arm_results, "paired": paired(arm_results),
         "wall_clock_s": time.perf_counter() - t0,
     }
     be.write_json(out / "results.json", results)

@@ -91,6 +91,9 @@ class EpisodeStats:
     """Share of generation time spent on every other response."""
     env_time_s: float = 0.0
     """Time spent inside ``env.reset``/``env.step``."""
+    summary_latencies_s: list[float] = field(default_factory=list)
+    """How long each summary call kept the episode waiting: the wall-clock of the batched ``policy.act``
+    round that wrote it (the compaction latency the agent sees, not its token share of the round)."""
     wall_clock_s: float = 0.0
     """From reset to the end of the episode (includes waiting for other envs of a round; overlaps the
     other episodes' times, so never sum it over a batch)."""
@@ -238,9 +241,24 @@ def summarize_episodes(stats: Sequence[EpisodeStats]) -> dict[str, float]:
         "steps_per_episode": sum(s.steps for s in stats) / n,
         "trace_tokens": float(sum(s.trace_tokens for s in stats)),
         "success_stderr": _stderr([float(s.success) for s in stats]),
+        **latency_quantiles([x for s in stats for x in s.summary_latencies_s]),
     }
     out.update((k, v) for k, v in _info_means(stats).items() if k not in out)  # a field's name wins
     return out
+
+
+def latency_quantiles(latencies: Sequence[float]) -> dict[str, float]:
+    """``summary_latency_{p50,p90,max}_s`` of the summary calls' latencies (nearest-rank quantiles), and
+    how many there were (``summary_calls``); {} when there were none."""
+    if not latencies:
+        return {}
+    xs = sorted(latencies)
+
+    def rank(q: float) -> float:
+        return xs[max(0, math.ceil(q * len(xs)) - 1)]
+
+    return {"summary_calls": float(len(xs)), "summary_latency_p50_s": rank(0.5), "summary_latency_p90_s": rank(0.9),
+            "summary_latency_max_s": xs[-1]}
 
 
 def episode_time_totals(stats: Sequence[EpisodeStats]) -> dict[str, float]:

@@ -327,6 +327,7 @@ class TraceCollector:
             stats = slot.episode.stats
             if req.compaction_required:
                 stats.summary_gen_time_s += share
+                stats.summary_latencies_s.append(gen_time)  # the agent waits for the whole round
                 self._time["summary_s"] += share
             else:
                 stats.other_gen_time_s += share

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from compactrl.training.run_dir import RunDir
 
 __all__ = ["Rollouts", "CollectorRollouts", "EngineRollouts", "make_rollouts", "SummaryRouter", "make_env_fns",
-           "build_policy", "worker_policy", "engine_settings", "engine_mismatch", "route_mismatch", "report_lines"]
+           "build_policy", "evaluation_policy", "worker_policy", "engine_settings", "engine_mismatch", "route_mismatch", "report_lines"]
 
 
 @runtime_checkable
@@ -322,6 +322,20 @@ def build_policy(cfg: TrainConfig, tokenizer):
     eval_policy = TransformersPolicy(model, tokenizer, temperature=cfg.eval.temperature, seed=cfg.eval.seed,
                                      **common)
     return policy, eval_policy
+
+
+def evaluation_policy(cfg: TrainConfig, eval_policy: Any, summarizer: Any = None) -> Any:
+    """What held-out evaluation acts with: ``eval_policy`` (the greedy twin), and with a frozen summariser
+    (``rl.frozen_summarizer``) its summaries written by a greedy twin of that summariser, as in training:
+    the arm is judged on the summaries it was trained with, not on ones its own weights never learnt."""
+    if summarizer is None:
+        return eval_policy
+    from compactrl.policies.transformers_policy import TransformersPolicy
+
+    twin = TransformersPolicy(summarizer.model, summarizer.tokenizer, temperature=cfg.eval.temperature,
+                              seed=cfg.eval.seed, max_new_tokens=cfg.env.context_budget.reserve,
+                              max_batch_size=cfg.env.num_envs * 4)
+    return SummaryRouter(eval_policy, twin)
 
 
 class SummaryRouter:

@@ -35,7 +35,14 @@ from compactrl.provenance import machine_stamp, stamp_markdown
 from compactrl.training.config import TrainConfig, override
 from compactrl.training.learner import Learner
 from compactrl.training.ranks import make_learner
-from compactrl.training.rollouts import Rollouts, build_policy, make_env_fns, make_rollouts, report_lines
+from compactrl.training.rollouts import (
+    Rollouts,
+    build_policy,
+    evaluation_policy,
+    make_env_fns,
+    make_rollouts,
+    report_lines,
+)
 from compactrl.training.run_dir import RunDir, rng_state, set_rng_state, time_report
 from compactrl.training.sft import copy_warmup, sft_train, trim_padding
 
@@ -134,7 +141,8 @@ class Run:
         env_fns = make_env_fns(self.cfg.env, split=e.split, count=self.cfg.env.num_envs,
                                budget=e.context_budget or None)
         critic_row: dict[str, float] = {}
-        agg, _ = evaluate_policy(env_fns, self.eval_policy, episodes=e.episodes, seed=e.seed, pad_id=self.pad_id,
+        policy = evaluation_policy(self.cfg, self.eval_policy, getattr(self.rollouts, "summarizer", None))
+        agg, _ = evaluate_policy(env_fns, policy, episodes=e.episodes, seed=e.seed, pad_id=self.pad_id,
                                  on_batch=lambda batch: critic_row.update(self.score_critic(batch)))
         _advance(self.progress, self.eval_bar, f"success {agg.get('success_rate', 0.0):.2f}")
         return {**{f"eval/{k}": v for k, v in agg.items()}, **critic_row, "time/eval_s": time.perf_counter() - t0}

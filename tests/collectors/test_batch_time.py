@@ -56,3 +56,26 @@ def test_each_batch_starts_its_own_count():
     col = _collect(2, 2, 2)
     col.next()  # the second batch: its own episodes' times, not the two batches' together
     assert col.last_batch_time == pytest.approx(episode_time_totals(col.last_episode_stats), rel=1e-9)
+
+
+@settings(max_examples=10, deadline=None)
+@given(num_traces=st.integers(1, 3), n_envs=st.integers(1, 3), episodes=st.integers(1, 4))
+def test_each_summary_call_records_the_round_it_waited_for(num_traces, n_envs, episodes):
+    """A summary call's latency is its whole round's wall-clock: at least its token share, one per summary
+    request; the batch's quantiles are ordered and name as many calls."""
+    from compactrl.collectors.episodes import latency_quantiles, summarize_episodes
+
+    col = _collect(num_traces, n_envs, episodes)
+    stats = col.last_episode_stats
+    for s in stats:
+        assert len(s.summary_latencies_s) == s.compactions  # no failure here: every summary call compacted
+        assert sum(s.summary_latencies_s) >= s.summary_gen_time_s - 1e-12
+    agg = summarize_episodes(stats)
+    calls = sum(s.compactions for s in stats)
+    if calls == 0:
+        assert "summary_calls" not in agg
+    else:
+        assert agg["summary_calls"] == calls
+        assert 0 <= agg["summary_latency_p50_s"] <= agg["summary_latency_p90_s"] <= agg["summary_latency_max_s"]
+    assert latency_quantiles([3.0, 1.0, 2.0, 4.0]) == {"summary_calls": 4.0, "summary_latency_p50_s": 2.0,
+                                                       "summary_latency_p90_s": 4.0, "summary_latency_max_s": 4.0}

@@ -96,6 +96,24 @@ def test_the_factory_routes_summaries_to_a_frozen_copy():
         rollouts.close()
 
 
+def test_held_out_evaluation_summarises_with_the_frozen_copy_greedily():
+    """With ``rl.frozen_summarizer`` the run is evaluated as it was trained: summaries by a greedy twin of
+    the frozen copy, every other response by the policy's greedy twin; without one, the twin alone."""
+    from compactrl.tokenizer import shared_tokenizer
+
+    cfg = _cfg(**{"rl.frozen_summarizer": True})
+    policy, eval_policy = R.build_policy(cfg, shared_tokenizer())
+    assert R.evaluation_policy(cfg, eval_policy) is eval_policy
+    rollouts = make_rollouts(cfg, policy, pad_id=0)
+    try:
+        routed = R.evaluation_policy(cfg, eval_policy, rollouts.summarizer)
+        assert isinstance(routed, SummaryRouter) and routed.policy is eval_policy
+        assert routed.summarizer.model is rollouts.summarizer.model and routed.summarizer.model is not policy.model
+        assert routed.summarizer.sampling == eval_policy.sampling  # greedy, as the policy's evaluation
+    finally:
+        rollouts.close()
+
+
 def test_the_factory_picks_the_ray_collector_from_the_worker_count():
     pytest.importorskip("ray")
     from compactrl.distributed import RayCollector
