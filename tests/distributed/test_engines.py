@@ -95,6 +95,34 @@ def test_engine_episodes_and_published_weights_equal_in_process_generation(ray_c
         rc.shutdown()
 
 
+def test_asynchronous_workers_on_a_shared_engine_stay_within_the_bound(ray_cluster):
+    """``max_staleness=1`` with two workers generating on one engine actor: the workers keep going while
+    versions are published, every batch's traces are at most 1 version old, no episode is in two batches,
+    and the engine loads the newer versions as their requests arrive, without restarting."""
+    cfg = _cfg(**{"env.max_turns": 4})
+    policy = _greedy_engine(cfg.to_json(), 0)
+    env_fns = T.make_env_fns(cfg.env, split="train", count=2)
+    rc = RayCollector(env_fns, None, num_workers=2, num_engines=1, episodes_per_batch=4, seed=3,
+                      give_task_to_policy=False, weights=policy, max_staleness=1,
+                      engine_fn=functools.partial(_greedy_engine, cfg.to_json()), **SMALL)
+    try:
+        seen: set[int] = set()
+        for _ in range(4):
+            batch = rc.next()
+            assert int(batch["policy_version"].min()) >= rc.policy_version - 1
+            assert rc.last_batch_stats["staleness_max"] <= 1
+            ids = set(batch["episode_id"].tolist())
+            assert not ids & seen
+            seen |= ids
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.mul_(0.9)
+            rc.update_policy_weights_(policy)
+        assert rc.engine_restarts == 0 and rc.engine_stats()[0]["loads"] >= 2
+    finally:
+        rc.shutdown()
+
+
 @pytest.mark.slow
 def test_a_served_engine_gives_the_in_process_episodes_and_loads_published_weights(ray_cluster):
     from compactrl.distributed import served_engine
