@@ -18,7 +18,6 @@ collection, and its final held-out success.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -74,13 +73,10 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
 
 def paired_success(arms: dict[str, dict]) -> dict[str, dict]:
     """Final success of each asynchronous arm minus the synchronous one's, over the seeds both finished."""
-    out = {}
-    for arm in ("k1", "k2"):
-        if arm in arms and "k0" in arms:
-            pick = {a: dict(zip(arms[a]["seeds"], arms[a]["final_per_seed"])) for a in (arm, "k0")}
-            common = sorted(set(pick[arm]) & set(pick["k0"]))
-            out[f"{arm} - k0"] = be.paired([pick[arm][s] for s in common], [pick["k0"][s] for s in common])
-    return out
+    per_seed = {arm: dict(zip(r["seeds"], r["final_per_seed"])) for arm, r in arms.items()}
+    out = {f"{arm} - k0": be.paired_by_seed(per_seed[arm], per_seed["k0"]) for arm in ("k1", "k2")
+           if arm in arms and "k0" in arms}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -96,12 +92,7 @@ def markdown(results: dict[str, Any]) -> str:
                      f"{f(t['time/wait_s'], '{:.1f}')} | {f(t['time/learner_s'], '{:.1f}')} | "
                      f"{f(t['time/sync_s'], '{:.2f}')} | {f(t['train/staleness_mean'], '{:.2f}')} | "
                      f"{f(t['train/stale_dropped'], '{:.1f}')} | {f(r['final'])} | {r['cell_wall_clock_s'] / 60:.1f} |")
-    lines += ["", "| paired over seeds (a - b) | held-out success: diff [95% CI], MDE80 |", "|---|---|"]
-    for name, d in results["paired"].items():
-        lines.append(f"| {name} (n={d['n']}) | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], "
-                     f"{d['mde80']:.3f} |")
-    lines += ["", f"Command: `{results['command']}`; {results['machine']}; load average at the end "
-              f"{results['load_average']}."]
+    lines += ["", *be.paired_lines(results["paired"], "held-out success"), "", be.provenance_line(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -109,21 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     from compactrl.distributed import ray_for_run
     from compactrl.provenance import cpu_model
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/async_rollouts", help="output directory (cells/, runs, results.json/md)")
-    p.add_argument("--seeds", type=int, default=4, help="seeds per arm")
+    p = be.arms_parser(__doc__.splitlines()[0], "runs/async_rollouts")
     p.add_argument("--sampler", default="transformers", choices=sorted(SAMPLERS))
-    p.add_argument("--resume", action="store_true", help="keep finished cells; run the rest")
-    p.add_argument("--final-episodes", type=int, default=64, help="held-out episodes per final evaluation")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field of every run (dotted name, JSON value)")
     args = p.parse_args(argv)
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    out, t0 = Path(args.out), time.perf_counter()
-    if (out / "cells").exists() and not args.resume:
-        raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
+    out, t0 = be.start_arms(args)
     base = base_config(args.sampler, 1, be.parse_sets(args.set))
     with ray_for_run(num_cpus=RAY_CPUS):  # one local Ray for every cell, cell after cell
         cells = be.arm_cells(out, REGIME, base, ARMS, args.seeds, be.sft_model_of(REGIME, SFT_OUT),
@@ -138,10 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                            f"tasks at the end, {args.seeds} seeds"),
         "arms": arms, "paired": paired_success(arms), "wall_clock_s": time.perf_counter() - t0,
     }
-    be.write_json(out / "results.json", results)
-    (out / "results.md").write_text(markdown(results))
-    print(markdown(results))  # noqa: T201 - benchmark output
-    return 0
+    return be.write_results(out, results, markdown)
 
 
 if __name__ == "__main__":

@@ -714,6 +714,55 @@ def interval(xs: list[float]) -> dict[str, float]:
     return dict(zip(("mean", "lo", "hi"), t_interval(xs)))
 
 
+def paired_by_seed(a: dict[int, float], b: dict[int, float]) -> dict[str, float] | None:
+    """:func:`paired` ``a - b`` over the seeds both have (None when they share none)."""
+    common = sorted(set(a) & set(b))
+    return paired([a[s] for s in common], [b[s] for s in common]) if common else None
+
+
+def paired_lines(pairs: dict[str, dict], what: str) -> list[str]:
+    """The markdown table of :func:`paired` differences of ``what``, one row per pair."""
+    lines = ["| paired over seeds (a - b) | " + what + ": diff [95% CI], MDE80 |", "|---|---|"]
+    return lines + [f"| {name} (n={d['n']}) | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], "
+                    f"{d['mde80']:.3f} |" for name, d in pairs.items()]
+
+
+def provenance_line(results: dict[str, Any]) -> str:
+    """Where a table comes from: its command, the machine and the load when it was written."""
+    return f"Command: `{results['command']}`; {results['machine']}; load average at the end {results['load_average']}."
+
+
+def arms_parser(description: str, out: str) -> argparse.ArgumentParser:
+    """The options every arms experiment takes (:func:`arm_cells`): ``--out``, ``--seeds``, ``--resume``,
+    ``--final-episodes`` and ``--set``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", default=out, help="output directory (cells/, runs, results.json/md)")
+    p.add_argument("--seeds", type=int, default=4, help="seeds per arm")
+    p.add_argument("--resume", action="store_true", help="keep finished cells (and the SFT model); run the rest")
+    p.add_argument("--final-episodes", type=int, default=64, help="held-out episodes per final evaluation")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field of every run (dotted name, JSON value)")
+    return p
+
+
+def start_arms(args: argparse.Namespace) -> tuple[Path, float]:
+    """Logging on, the output directory checked (``--resume`` to add to one that holds cells), the start time."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    out = Path(args.out)
+    if (out / "cells").exists() and not args.resume:
+        raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
+    return out, time.perf_counter()
+
+
+def write_results(out: Path, results: dict[str, Any], markdown_fn) -> int:
+    """``results.json`` and ``results.md`` (``markdown_fn(results)``) in ``out``, the table printed."""
+    write_json(out / "results.json", results)
+    text = markdown_fn(results)
+    (out / "results.md").write_text(text)
+    print(text)  # noqa: T201 - benchmark output
+    return 0
+
+
 def fmt_interval(d: dict[str, float] | None, fmt: str = "{:.3f}") -> str:
     """``mean [lo, hi]`` of an :func:`interval` ('-' for none)."""
     if not d:

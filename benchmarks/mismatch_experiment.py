@@ -21,9 +21,7 @@ before each update, and the share of tokens routed to other experts), with the c
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import os
 import platform
 import sys
@@ -95,14 +93,9 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
 
 def paired(arms: dict[str, dict]) -> dict[str, dict]:
     """Paired differences of final success over the seeds both arms finished (:func:`be.paired`)."""
-    out = {}
-    for a, b in PAIRS:
-        if a in arms and b in arms:
-            common = sorted(set(arms[a]["seeds"]) & set(arms[b]["seeds"]))
-            if common:
-                pick = {arm: dict(zip(arms[arm]["seeds"], arms[arm]["final_per_seed"])) for arm in (a, b)}
-                out[f"{a} - {b}"] = be.paired([pick[a][s] for s in common], [pick[b][s] for s in common])
-    return out
+    per_seed = {arm: dict(zip(r["seeds"], r["final_per_seed"])) for arm, r in arms.items()}
+    out = {f"{a} - {b}": be.paired_by_seed(per_seed[a], per_seed[b]) for a, b in PAIRS if a in arms and b in arms}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -120,12 +113,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{be.fmt_interval(m.get('mismatch/route_disagree_all'))} | {be.fmt_interval(m.get('mismatch/route_disagree_task'))} | "
             f"{be.fmt_interval(m.get('mismatch/route_disagree_summary'))} | {be.fmt_interval(m.get('policy/tis_clip_fraction'), '{:.4f}')} | "
             f"{r['cell_wall_clock_s'] / 60:.1f}, {r['cell_cpu_s'] / 60:.1f} |")
-    lines += ["", "| paired over seeds (a - b) | held-out success: diff [95% CI], MDE80 |", "|---|---|"]
-    for name, d in results["paired"].items():
-        lines.append(f"| {name} (n={d['n']}) | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], "
-                     f"{d['mde80']:.3f} |")
-    lines += ["", f"Command: `{results['command']}`; {results['machine']}; load average at the end "
-              f"{results['load_average']}."]
+    lines += ["", *be.paired_lines(results["paired"], "held-out success"), "", be.provenance_line(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -133,24 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     from compactrl.provenance import cpu_model, has_avx512_or_amx
     from compactrl.training.config import override
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/mismatch", help="output directory (sft/, cells/, runs, results.json/md)")
-    p.add_argument("--seeds", type=int, default=4, help="seeds per arm")
+    p = be.arms_parser(__doc__.splitlines()[0], "runs/mismatch")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms of {list(ARMS)}")
     p.add_argument("--sampler", default="vllm", choices=sorted(SAMPLERS))
     p.add_argument("--jobs", type=int, default=1, help="cells run in parallel, one torch thread each")
-    p.add_argument("--resume", action="store_true", help="keep finished cells and the SFT model; run the rest")
-    p.add_argument("--final-episodes", type=int, default=64, help="held-out episodes per final evaluation")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field of every run (dotted name, JSON value)")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     arms = args.arms.split(",")
     if bad := [a for a in arms if a not in ARMS]:
         raise SystemExit(f"unknown arms {bad}; arms: {list(ARMS)}")
-    out, t0 = Path(args.out), time.perf_counter()
-    if (out / "cells").exists() and not args.resume:
-        raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
+    out, t0 = be.start_arms(args)
     threads = 1 if args.jobs > 1 else 2
     base = base_config(args.sampler, threads, be.parse_sets(args.set))
     sft_spec = {"regime": "main", "config": override(base, {"rollout.engine": "transformers",
@@ -175,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "cells": len(cells), "arms": arm_results, "paired": paired(arm_results),
         "wall_clock_s": time.perf_counter() - t0,
     }
-    be.write_json(out / "results.json", results)
-    (out / "results.md").write_text(markdown(results))
-    print(markdown(results))  # noqa: T201 - benchmark output
-    return 0
+    return be.write_results(out, results, markdown)
 
 
 if __name__ == "__main__":

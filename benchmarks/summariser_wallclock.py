@@ -14,7 +14,6 @@ summary and action requests runs the two models one after the other.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
@@ -65,11 +64,12 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
                     "latency_pooled": {"calls": len(lat), "p50": quantile(lat, 0.5), "p90": quantile(lat, 0.9),
                                        "p99": quantile(lat, 0.99), "max": max(lat, default=float("nan"))}}
     if "learned" in out and "frozen" in out:
-        common = sorted(set(out["learned"]["seeds"]) & set(out["frozen"]["seeds"]))
-        pick = {a: dict(zip(out[a]["seeds"], out[a]["per_seed"])) for a in ARMS}
-        out["paired"] = {k: be.paired([pick["learned"][s][k] for s in common], [pick["frozen"][s][k] for s in common])
-                         for k in ("success", "eval_s_per_solved", "summary_latency_p50_s", "summary_time_share")
-                         if all(math.isfinite(pick[a][s][k]) for a in ARMS for s in common)}
+        out["paired"] = {}
+        for k in ("success", "eval_s_per_solved", "summary_latency_p50_s", "summary_time_share"):
+            per_seed = {a: {s: f[k] for s, f in zip(out[a]["seeds"], out[a]["per_seed"])} for a in ARMS}
+            finite = all(math.isfinite(x) for a in ARMS for x in per_seed[a].values())
+            if finite and (d := be.paired_by_seed(per_seed["learned"], per_seed["frozen"])):
+                out["paired"][k] = d
     return out
 
 
@@ -96,12 +96,8 @@ def markdown(results: dict[str, Any]) -> str:
                      f"{f(r.get('summary_calls_per_episode'), '{:.2f}')} | {f(r.get('summary_time_share'))} | "
                      f"{f(r.get('iteration_s'), '{:.1f}')} | {p['p50']:.3f} / {p['p90']:.3f} / {p['p99']:.3f} / "
                      f"{p['max']:.3f} ({p['calls']}) |")
-    lines += ["", "| paired over seeds (learned - frozen) | diff [95% CI], MDE80 |", "|---|---|"]
-    for name, d in results["arms"].get("paired", {}).items():
-        lines.append(f"| {name} (n={d['n']}) | {d['mean_diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], "
-                     f"{d['mde80']:.3f} |")
-    lines += ["", f"Command: `{results['command']}`; {results['machine']}; load average at the end "
-              f"{results['load_average']}."]
+    lines += ["", *be.paired_lines(results["arms"].get("paired", {}), "learned - frozen"), "",
+              be.provenance_line(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -111,19 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     from compactrl.provenance import cpu_model
     from compactrl.training.run_dir import RunDir
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/summariser_wallclock", help="output directory (cells/, runs, results)")
-    p.add_argument("--seeds", type=int, default=4, help="seeds per arm")
+    p = be.arms_parser(__doc__.splitlines()[0], "runs/summariser_wallclock")
     p.add_argument("--jobs", type=int, default=1, help="cells run in parallel, one torch thread each")
-    p.add_argument("--resume", action="store_true", help="keep finished cells; run the rest")
-    p.add_argument("--final-episodes", type=int, default=64, help="held-out episodes per final evaluation")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field of every run (dotted name, JSON value)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    out, t0 = Path(args.out), time.perf_counter()
-    if (out / "cells").exists() and not args.resume:
-        raise SystemExit(f"{out} already holds cells: pass --resume to keep them, or choose another --out")
+    out, t0 = be.start_arms(args)
     threads = 1 if args.jobs > 1 else 2
     base = be.regime_config("full", REGIME, threads, be.parse_sets(args.set))
     cells = be.arm_cells(out, REGIME, base, ARMS, args.seeds, be.sft_model_of(REGIME, SFT_OUT),
@@ -141,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                            f"{args.final_episodes} held-out tasks at the end, {args.seeds} seeds"),
         "arms": summarize(cells), "wall_clock_s": time.perf_counter() - t0,
     }
-    be.write_json(out / "results.json", results)
-    (out / "results.md").write_text(markdown(results))
-    print(markdown(results))  # noqa: T201 - benchmark output
-    return 0
+    return be.write_results(out, results, markdown)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ resumed collector never hands out an episode id twice.
 from __future__ import annotations
 
 import copy
-import random
 import sys
 import time
 
 import pytest
 import ray.cloudpickle
 import torch
+from async_helpers import SlowPolicy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +30,7 @@ from compactrl.training.rollouts import build_policy, make_env_fns, worker_polic
 pytestmark = pytest.mark.timeout(300)
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import the tests folder
+ray.cloudpickle.register_pickle_by_value(sys.modules[SlowPolicy.__module__])
 
 ENV = {"env.max_turns": 12, "env.context_budget.budget": 860, "env.context_budget.reserve": 64,
        "env.context_budget.tool_output_cap": 192}
@@ -39,26 +40,12 @@ def _cfg(**changes):
     return override(preset("smoke"), {**ENV, **changes})
 
 
-class _Slow:
-    """A policy that waits before answering: a random, heavy-tailed time per call (seeded per worker)."""
-
-    def __init__(self, inner, seed: int, scale: float) -> None:
-        self.inner, self.rng, self.scale = inner, random.Random(seed), scale
-
-    def act(self, requests):
-        time.sleep(min(self.scale * self.rng.paretovariate(1.5), 20 * self.scale))
-        return self.inner.act(requests)
-
-    def __getattr__(self, name):  # load_state_dict, sampling, ...: the wrapped policy's
-        return getattr(self.inner, name)
-
-
 def _slow_oracle(scale: float, index: int):
-    return _Slow(OraclePolicy(summary_quality=1.0), seed=index, scale=scale)
+    return SlowPolicy(OraclePolicy(summary_quality=1.0), seed=index, scale=scale)
 
 
 def _slow_model(cfg_json: str, scale: float, index: int):
-    return _Slow(worker_policy(cfg_json, index), seed=index, scale=scale)
+    return SlowPolicy(worker_policy(cfg_json, index), seed=index, scale=scale)
 
 
 def test_staleness_zero_is_the_synchronous_collector(ray_cluster):

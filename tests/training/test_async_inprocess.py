@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from async_helpers import SlowPolicy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,20 +49,6 @@ KEYS = ("tokens", "policy_mask", "reward", "episode_id", "group_id", "trace_inde
 
 def _cfg(**changes):
     return override(preset("smoke"), {**ENV, **changes})
-
-
-class _Slow:
-    """A policy that waits before answering: a random, heavy-tailed time per call."""
-
-    def __init__(self, inner, seed: int, scale: float) -> None:
-        self.inner, self.rng, self.scale = inner, random.Random(seed), scale
-
-    def act(self, requests):
-        time.sleep(min(self.scale * self.rng.paretovariate(1.5), 20 * self.scale))
-        return self.inner.act(requests)
-
-    def __getattr__(self, name):  # load_state_dict, sampling, ...: the wrapped policy's
-        return getattr(self.inner, name)
 
 
 class _Failing:
@@ -124,7 +110,7 @@ def _tokenizer():
 def test_no_admitted_trace_is_older_than_the_bound_in_process(k, seed, scale, learner_s, max_turns):
     """Heavy-tailed act times; the learner takes a random time per update; short or long episodes."""
     env_fns = make_env_fns(_cfg(**{"env.max_turns": max_turns}).env, split="train", count=2)
-    tc = ThreadCollector(env_fns, _Slow(OraclePolicy(summary_quality=1.0), seed, scale), episodes_per_batch=4,
+    tc = ThreadCollector(env_fns, SlowPolicy(OraclePolicy(summary_quality=1.0), seed, scale), episodes_per_batch=4,
                          group_size=2, seed=seed, max_staleness=k)
     try:
         seen: set[int] = set()
@@ -154,7 +140,7 @@ def test_an_episode_goes_on_with_weights_published_mid_way_in_process():
         v1.model.lm_head.weight.add_(0.3 * torch.randn_like(v1.model.lm_head.weight))
     v1_published = copy.deepcopy(v1)
     env_fns = make_env_fns(cfg.env, split="train", count=2)
-    tc = ThreadCollector(env_fns, policy_fn=lambda i: _Slow(worker_policy(cfg.to_json(), i), i, 0.05),
+    tc = ThreadCollector(env_fns, policy_fn=lambda i: SlowPolicy(worker_policy(cfg.to_json(), i), i, 0.05),
                          weights=policy, episodes_per_batch=2, seed=5, max_staleness=4, give_task_to_policy=False)
     try:
         tc.next()  # the thread's next share is running now, with version 0
@@ -216,7 +202,7 @@ def test_a_failing_sampler_truncates_its_rounds_episodes_not_the_collector():
 
 def test_a_resumed_in_process_collector_drops_what_was_in_flight_and_counts_nothing_twice():
     env_fns = make_env_fns(_cfg().env, split="train", count=2)
-    tc = ThreadCollector(env_fns, _Slow(OraclePolicy(summary_quality=1.0), 0, 0.01), episodes_per_batch=4,
+    tc = ThreadCollector(env_fns, SlowPolicy(OraclePolicy(summary_quality=1.0), 0, 0.01), episodes_per_batch=4,
                          group_size=2, seed=9, max_staleness=1)
     try:
         handed = set(tc.next()["episode_id"].tolist())
