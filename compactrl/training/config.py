@@ -425,6 +425,10 @@ class RolloutConfig:
     per-tensor scales 1.0): vLLM's own ``kv_cache_dtype="fp8"`` with ``engine=vllm`` (a CPU needs AVX-512
     or AMX for it), compactrl's transformers ``Fp8KVCache`` (vLLM's scheme, any CPU) with
     ``engine=transformers``. The learner always scores in full precision (docs/mismatch.md)."""
+    save_batches: bool = False
+    """Keep every policy iteration's trace batch (tokens, masks, sampling log-probs, policy versions, the
+    sampler's routes) in the run directory as ``batches/iter-<k>.pt`` (``RunDir.load_batch``), for offline
+    study of the mismatch; about 50 bytes a token."""
 
     def __post_init__(self) -> None:
         _check(self.source in _choices(RolloutSource), "rollout.source", "|".join(_choices(RolloutSource)),

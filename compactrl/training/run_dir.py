@@ -204,6 +204,24 @@ class RunDir:
             if d.name != keep:
                 shutil.rmtree(d, ignore_errors=True)
 
+    def save_batch(self, iteration: int, batch: Any) -> Path:
+        """Write iteration ``iteration``'s trace batch (a TensorDict: tokens, masks, sampling log-probs,
+        versions, routes, ...) to ``batches/iter-<k>.pt`` as a dict of tensors (temp file, rename); a
+        resumed run that repeats the iteration overwrites it."""
+        path = self.path / "batches" / f"iter-{iteration}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({k: v.detach().cpu() for k, v in batch.items()}, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_batch(self, iteration: int) -> Any:
+        """The batch :meth:`save_batch` wrote for ``iteration``, as a TensorDict."""
+        from tensordict import TensorDict
+
+        data = torch.load(self.path / "batches" / f"iter-{iteration}.pt", weights_only=True)
+        return TensorDict(data, batch_size=[next(iter(data.values())).shape[0]])
+
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():
             return None

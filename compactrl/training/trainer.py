@@ -383,6 +383,8 @@ def rl_iteration(r: Run, it: int, evaluate: bool) -> dict[str, Any]:
            **r.rollouts.last_batch_metrics, **r.rollouts.last_sync, **sync, "time/collect_s": t1 - t0,
            "time/update_s": t2 - t1, "time/weight_sync_s": t3 - t2, "time/iteration_s": t3 - t0,
            **time_split(r.rollouts, collect_s=t1 - t0, learner_s=t2 - t1, sync_s=t3 - t2)}
+    if r.cfg.rollout.save_batches:  # after the update: with its values, advantages and learner log-probs
+        r.run.save_batch(it, batch)
     if evaluate:
         row.update(r.evaluate())
     row["time/wall_clock_s"] = r.elapsed()

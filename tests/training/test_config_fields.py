@@ -41,6 +41,8 @@ EXEMPT: dict[str, str] = {  # field -> the test that observes it instead
     "learner.start_timeout_s": "tests/distributed/test_sharded_learner.py::test_ranks_that_cannot_be_placed_fail_within_the_start_timeout",
     "learner.logprob_chunk_tokens": "tests/policies/test_long_traces.py::test_the_learner_config_reaches_the_policy_and_the_critic",
     "learner.activation_checkpointing": "tests/policies/test_long_traces.py::test_the_learner_config_reaches_the_policy_and_the_critic",
+    # what the run directory keeps: observed on a run's directory
+    "rollout.save_batches": "tests/training/test_trainer.py::test_saved_batches_hold_each_iteration_with_its_routes",
     # the probes' trace batch has no routes (its policy records none): observed on a batch with routes
     "rl.routing_replay": "tests/policies/test_routing_replay.py::test_the_routing_replay_setting_changes_the_update",
 }

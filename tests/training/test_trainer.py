@@ -84,6 +84,28 @@ def test_smoke_preset_runs_end_to_end_and_leaves_a_complete_run_dir(tmp_path, al
 
 
 @pytest.mark.timeout(300)
+def test_saved_batches_hold_each_iteration_with_its_routes(tmp_path):
+    """``rollout.save_batches``: every policy iteration's batch on disk, after its update (advantages with
+    it), with the sampler's routes ``[N, L, moe_layers, k]``."""
+    from compactrl.policies.routing import moe_layer_indices
+    from compactrl.policies.tiny_moe import tiny_moe
+    from compactrl.training.run_dir import RunDir
+
+    cfg = _smoke(**{"rollout.save_batches": True})
+    result = train(cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    m = cfg.model
+    moe_layers = len(moe_layer_indices(tiny_moe(m.arch, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                                                num_experts=m.num_experts, experts_per_token=m.experts_per_token)))
+    for it in range(1, result.iterations + 1):
+        batch = run.load_batch(it)
+        n, length = batch["tokens"].shape
+        assert batch["routed_experts"].shape == (n, length, moe_layers, m.experts_per_token)
+        assert {"advantage", "sample_log_prob", "policy_mask"} <= set(batch.keys())
+    assert sorted(p.name for p in (tmp_path / "run" / "batches").iterdir()) == [
+        f"iter-{k}.pt" for k in range(1, result.iterations + 1)]
+
+
 def test_the_smoke_preset_gives_identical_metrics_twice_on_one_machine(tmp_path):
     """Seeded end to end: two runs of one config on one machine write the same metrics, bit for bit,
     but for wall-clock times and the machine stamp (which holds no figure)."""
