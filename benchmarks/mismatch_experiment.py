@@ -4,7 +4,7 @@ cache, in four arms (no correction, TIS, routing replay, replay + TIS), resumabl
     python benchmarks/mismatch_experiment.py --out benchmarks/results/mismatch_experiment --seeds 4 --resume
 
 Every cell starts from one SFT model (the main job's SFT phase at seed 0, trained once into
-``<out>/sft``) and runs the main job's RL phase unchanged (critic pre-training, 6 critic-PPO
+``<out>/sft``) and runs the main job's RL phase unchanged (critic pre-training, 4 critic-PPO
 iterations x 32 episodes, held-out evaluation every 2) with ``rollout.*`` set by ``--sampler``:
 
 - ``vllm`` (the default): the vLLM engine in bfloat16 with vLLM's own ``kv_cache_dtype="fp8"``; on a
