@@ -56,13 +56,13 @@ def base_config(sampler: str, threads: int, extra: dict[str, Any]):
 def summarize(cells: list[dict]) -> dict[str, Any]:
     """Per arm: mean iteration wall-clock, the other :data:`TIMES`, final success (95% t-intervals over
     seeds), and each seed's iteration wall-clock relative to the synchronous arm's (paired)."""
-    by_arm = {a: sorted((c for c in cells if c["arm"] == a), key=lambda c: c["seed"]) for a in ARMS}
+    by_arm = {a: be.arm_seeds(cells, a) for a in ARMS}
     sync = {c["seed"]: c["timing"]["time/iteration_s"] for c in by_arm["k0"]}
     out: dict[str, Any] = {}
     for arm, mine in by_arm.items():
         if not mine:
             continue
-        final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in mine]
+        final = [be.success(c) for c in mine]
         ratios = [c["timing"]["time/iteration_s"] / sync[c["seed"]] for c in mine if c["seed"] in sync]
         out[arm] = {"seeds": [c["seed"] for c in mine], "final_per_seed": final, "final": be.interval(final),
                     "times": {k: be.interval([c["timing"].get(k, 0.0) for c in mine]) for k in TIMES},

@@ -401,9 +401,19 @@ def _efficiency(cells: list[dict], finals: list[float], threshold: float) -> dic
             "tokens_to_threshold": dict(zip(("mean", "lo", "hi"), t_interval(toks)))}
 
 
+def success(cell: dict) -> float:
+    """A cell's (or SFT record's) held-out success: the share of its final ``episodes`` solved."""
+    return sum(e[1] for e in cell["episodes"]) / max(1, len(cell["episodes"]))
+
+
+def arm_seeds(cells: list[dict], arm: str) -> list[dict]:
+    """The cells of ``arm``, by seed."""
+    return sorted((c for c in cells if c["arm"] == arm), key=lambda c: c["seed"])
+
+
 def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -> dict[str, Any]:
     cells = sorted(cells, key=lambda c: c["seed"])
-    final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in cells]
+    final = [success(c) for c in cells]
     aucs = [auc(_with_final(c["curve"], f), sft_success) for c, f in zip(cells, final)]
     long = [[e[1] for e in c["episodes"] if e[0] in long_tasks] for c in cells]
     k, n = sum(sum(e[1] for e in c["episodes"]) for c in cells), sum(len(c["episodes"]) for c in cells)
@@ -427,7 +437,7 @@ def summarize_arm(cells: list[dict], sft_success: float, long_tasks: set[int]) -
 def aggregate(cells: list[dict], sfts: dict[str, dict]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for regime, sft in sfts.items():
-        sft_success = sum(e[1] for e in sft["episodes"]) / max(1, len(sft["episodes"]))
+        sft_success = success(sft)
         long_tasks, threshold = long_chain_tasks(sft["episodes"])
         arms = {}
         for arm in ARMS:

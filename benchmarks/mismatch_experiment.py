@@ -77,10 +77,10 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
     """Per arm: held-out success and each :data:`REPORTED` figure with 95% t-intervals over seeds."""
     out: dict[str, Any] = {}
     for arm in ARMS:
-        mine = sorted((c for c in cells if c["arm"] == arm), key=lambda c: c["seed"])
+        mine = be.arm_seeds(cells, arm)
         if not mine:
             continue
-        final = [sum(e[1] for e in c["episodes"]) / len(c["episodes"]) for c in mine]
+        final = [be.success(c) for c in mine]
         k, n = sum(sum(e[1] for e in c["episodes"]) for c in mine), sum(len(c["episodes"]) for c in mine)
         figures = {key: be.interval([c["mismatch"][key] for c in mine])
                    for key in REPORTED if all(key in c.get("mismatch", {}) for c in mine)}
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"{os.cpu_count()} CPUs, {args.jobs} jobs, {platform.machine()}",
         "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "sampler": args.sampler, "sampler_line": sampler_changes(args.sampler)[1],
-        "sft_success": sum(e[1] for e in sft["episodes"]) / max(1, len(sft["episodes"])),
+        "sft_success": be.success(sft),
         "config_summary": (f"{base.rl.iterations} policy iterations x {base.rl.episodes_per_iter} episodes, "
                            f"{args.final_episodes} held-out tasks at the end, {args.seeds} seeds, TIS cap {TIS_CAP}"),
         "cells": len(cells), "arms": arm_results, "paired": paired(arm_results),

@@ -38,8 +38,8 @@ def quantile(xs: list[float], q: float) -> float:
 
 def cell_figures(cell: dict) -> dict[str, float]:
     """One cell's figures: held-out success, held-out wall-clock per solved task (the final evaluation's
-    seconds over its successes; inf with none), training collection seconds per solved episode, summary
-    latency median / p90 over the held-out calls, the summaries' share of training generation time."""
+    seconds over its successes; inf with none), summary latency median / p90 over the held-out calls and
+    calls per episode, the summaries' share of training generation time, the training iteration's seconds."""
     eps = cell["episodes"]
     solved = sum(e[1] for e in eps)
     lat = [x for e in eps for x in (e[3] if len(e) > 3 else [])]
@@ -54,7 +54,7 @@ def cell_figures(cell: dict) -> dict[str, float]:
 def summarize(cells: list[dict]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm in ARMS:
-        mine = sorted((c for c in cells if c["arm"] == arm), key=lambda c: c["seed"])
+        mine = be.arm_seeds(cells, arm)
         if not mine:
             continue
         figs = [cell_figures(c) for c in mine]
