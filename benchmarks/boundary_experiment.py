@@ -260,6 +260,7 @@ def iteration_means(rows: list[dict], prefix: str, keys: tuple[str, ...] = ()) -
 
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
+    from compactrl.provenance import cpu_model
     from compactrl.training.config import TrainConfig
     from compactrl.training.run_dir import RunDir
     from compactrl.training.trainer import train
@@ -290,6 +291,8 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
         "timing": iteration_means(rows, "time/", TIMING_KEYS),
         "wall_clock_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - cpu0,  # what the cell costs whatever else runs on the machine
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",  # cells of one experiment may come from several
+        "load_average": os.getloadavg()[0],
     }
     write_json(Path(spec["cell_path"]), record)
     return record
