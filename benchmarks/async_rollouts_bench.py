@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "config_summary": (f"{REGIME}, {base.rl.iterations} iterations x {base.rl.episodes_per_iter} episodes on "
                            f"{base.distributed.num_rollout_workers} Ray workers, {args.final_episodes} held-out "
                            f"tasks at the end, {args.seeds} seeds"),
+        "cell_machines": be.cell_machines(cells),
         "arms": arms, "paired": paired_success(arms), "wall_clock_s": time.perf_counter() - t0,
     }
     return be.write_results(out, results, markdown)

@@ -740,9 +740,22 @@ def paired_lines(pairs: dict[str, dict], what: str) -> list[str]:
                     f"{d['mde80']:.3f} |" for name, d in pairs.items()]
 
 
+def cell_machines(cells: list[dict]) -> dict[str, list[str]]:
+    """Which machine ran which cells (``arm seedN``), as the cells recorded it ("unrecorded" for cells
+    written before cells recorded it)."""
+    out: dict[str, list[str]] = {}
+    for c in sorted(cells, key=lambda c: (c["seed"], c["arm"])):
+        out.setdefault(c.get("machine", "unrecorded"), []).append(f"{c['arm']} seed{c['seed']}")
+    return out
+
+
 def provenance_line(results: dict[str, Any]) -> str:
-    """Where a table comes from: its command, the machine and the load when it was written."""
-    return f"Command: `{results['command']}`; {results['machine']}; load average at the end {results['load_average']}."
+    """Where a table comes from: its command, the machine and the load when it was written, and the
+    machines its cells ran on when more than one did."""
+    line = f"Command: `{results['command']}`; {results['machine']}; load average at the end {results['load_average']}."
+    if len(machines := results.get("cell_machines", {})) > 1:
+        line += " Cells ran on: " + "; ".join(f"{m} ({', '.join(cs)})" for m, cs in machines.items()) + "."
+    return line
 
 
 def arms_parser(description: str, out: str) -> argparse.ArgumentParser:

@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "sft_success": be.success(sft),
         "config_summary": (f"{base.rl.iterations} policy iterations x {base.rl.episodes_per_iter} episodes, "
                            f"{args.final_episodes} held-out tasks at the end, {args.seeds} seeds, TIS cap {TIS_CAP}"),
+        "cell_machines": be.cell_machines(cells),
         "cells": len(cells), "arms": arm_results, "paired": paired(arm_results),
         "wall_clock_s": time.perf_counter() - t0,
     }

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "config_summary": (f"{REGIME}, {base.rl.iterations} policy iterations x {base.rl.episodes_per_iter} episodes, "
                            f"{args.final_episodes} held-out tasks at the end, {args.seeds} seeds"),
-        "arms": summarize(cells), "wall_clock_s": time.perf_counter() - t0,
+        "cell_machines": be.cell_machines(cells), "arms": summarize(cells), "wall_clock_s": time.perf_counter() - t0,
     }
     return be.write_results(out, results, markdown)
 

@@ -82,3 +82,14 @@ def test_wall_clock_per_solved_task_and_latency_quantiles():
     assert "eval_s_per_solved" not in arms["paired"] and arms["paired"]["success"]["mean_diff"] == 0.5
     assert sw.train_share([{"iteration": 0, "time/summary_s": 9.0}, {"iteration": 1, "time/summary_s": 1.0,
                                                                       "time/generate_s": 3.0}]) == 0.25
+
+
+def test_the_provenance_names_each_cells_machine_when_several_ran_them():
+    cells = [{"arm": "none", "seed": 1, "machine": "B"}, {"arm": "tis", "seed": 0},
+             {"arm": "none", "seed": 0, "machine": "B"}]
+    machines = be.cell_machines(cells)
+    assert machines == {"B": ["none seed0", "none seed1"], "unrecorded": ["tis seed0"]}
+    one = {"command": "c", "machine": "m", "load_average": "1"}
+    assert "Cells ran on" not in be.provenance_line({**one, "cell_machines": {"B": ["none seed0"]}})
+    assert be.provenance_line({**one, "cell_machines": machines}).endswith(
+        "Cells ran on: B (none seed0, none seed1); unrecorded (tis seed0).")
