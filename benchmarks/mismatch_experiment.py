@@ -1,5 +1,6 @@
 """Train-inference mismatch experiment: the main job's RL recipe sampled by a bf16 engine with an FP8 KV
-cache, in four arms (no correction, TIS, routing replay, replay + TIS), resumable cells.
+cache, in five arms (no correction, the learner's log-probs as PPO's anchor, TIS, routing replay, replay +
+TIS), resumable cells.
 
     python benchmarks/mismatch_experiment.py --out benchmarks/results/mismatch_experiment --seeds 4 --resume
 
@@ -35,13 +36,20 @@ import boundary_experiment as be  # noqa: E402  (one cell runner, one set of sta
 TIS_CAP = 2.0
 """TIS's cap on the learner/sampler ratio (the value docs/mismatch.md uses)."""
 
+DROP_NOTHING = 1e30
+"""An MIS bound no ratio reaches: the ``anchor`` arm's learner log-probs without dropping or weighting."""
+
 ARMS: dict[str, dict[str, Any]] = {
     "none": {},
+    # a correction makes the learner's own log-probs the PPO ratio's anchor (decoupled PPO) as well as
+    # weighting tokens; this arm has the anchor alone, to tell the two apart
+    "anchor": {"rl.ppo.mis_high": DROP_NOTHING},
     "tis": {"rl.ppo.tis_cap": TIS_CAP},
     "replay": {"rl.routing_replay": True},
     "replay_tis": {"rl.routing_replay": True, "rl.ppo.tis_cap": TIS_CAP},
 }
-PAIRS = [("tis", "none"), ("replay", "none"), ("replay_tis", "none"), ("replay_tis", "tis")]
+PAIRS = [("tis", "none"), ("anchor", "none"), ("tis", "anchor"), ("replay", "none"), ("replay_tis", "none"),
+         ("replay_tis", "tis")]
 
 SAMPLERS: dict[str, dict[str, Any]] = {
     "vllm": {"rollout.engine": "vllm", "rollout.engine_dtype": "bfloat16", "rollout.kv_cache_dtype": "fp8"},
