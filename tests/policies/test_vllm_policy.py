@@ -158,3 +158,37 @@ def test_the_train_config_reaches_the_engine(tokenizer):
     assert engine["capture_routes"] is bool(moe_routers(policy.model))  # an MoE policy's engine records routes
     default, _ = T.engine_settings(preset("smoke"), policy)
     assert default["dtype"] == "float32" and T.engine_settings(preset("smoke"), policy)[1]["sync_tolerance"] is None
+
+
+class _ProbeOnly:
+    """The part of a VLLMEngine that ``check_sync`` talks to: scores the probe as the learner does, plus
+    ``shift`` on one token (a single large deviation) and ``noise`` on every token."""
+
+    def __init__(self, model, shift: float, noise: float):
+        self.model, self.shift, self.noise = model, shift, noise
+
+    def call(self, op, sequences, params):
+        lps = [[x + self.noise for x in row] for row in learner_log_probs(self.model, sequences)]
+        lps[0][0] += self.shift
+        return {"log_probs": lps}
+
+
+@pytest.mark.parametrize(("statistic", "tol", "shift", "noise", "passes"), [
+    ("mean", 0.35, 3.6, 0.15, True),   # a correct fp8 sync of a trained model: one token off by 3.6, mean 0.15
+    ("mean", 0.35, 0.0, 0.6, False),   # a corrupted one: every token off by 0.6
+    ("max", 3.0, 3.6, 0.15, False),    # the max bound stops the correct fp8 sync
+    ("max", 1e-3, 0.0, 0.0, True),
+])
+def test_the_probe_check_bounds_its_statistic(statistic, tol, shift, noise, passes):
+    from compactrl.serving.vllm.policy import SyncCheckError, VLLMPolicy
+
+    model = cached_tiny("glm4_moe")
+    pol = object.__new__(VLLMPolicy)  # the check alone, without an engine process
+    pol.engine, pol.probe, pol.version = _ProbeOnly(model, shift, noise), probe_sequences(64), 3  # the default 4 x 48
+    pol.sync_statistic, pol.sync_tolerance = statistic, tol
+    if passes:
+        row = pol.check_sync(model)
+        assert row["engine/probe_max_abs_dlogp"] == pytest.approx(shift + noise, abs=1e-5)
+    else:
+        with pytest.raises(SyncCheckError, match=rf"version 3\b.*the {statistic} beyond sync_tolerance={tol:g}"):
+            pol.check_sync(model)
