@@ -69,11 +69,14 @@ def _grads(module) -> dict[str, torch.Tensor]:
 
 
 def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    """Every gradient within 1e-4 of its tensor's largest entry (plus 1e-9: a router's gradient here is ~1e-12)."""
+    """Every gradient within 1e-4 of its tensor's largest entry, plus float32 summation noise: 1e-6 of the
+    largest gradient entry of the module. A bias's gradient sums per-token terms that cancel, so the two
+    ranks' summation order moves it by ~1e-8 when its net value is ~1e-4 (AMD EPYC, AVX-512)."""
     assert set(a) == set(b)
+    floor = 1e-6 * max(float(g.abs().max()) for g in a.values())
     for k in a:
         diff, scale = float((a[k] - b[k]).abs().max()), float(a[k].abs().max())
-        assert diff <= 1e-4 * scale + 1e-9, (k, diff, scale)
+        assert diff <= 1e-4 * scale + floor, (k, diff, scale, floor)
 
 
 def _with_routes(batch, model, seed: int):
