@@ -77,10 +77,7 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
 
 def paired_success(arms: dict[str, dict]) -> dict[str, dict]:
     """Final success of each asynchronous arm minus the synchronous one's, over the seeds both finished."""
-    per_seed = {arm: dict(zip(r["seeds"], r["final_per_seed"])) for arm, r in arms.items()}
-    out = {f"{arm} - k0": be.paired_by_seed(per_seed[arm], per_seed["k0"]) for arm in ("k1", "k2")
-           if arm in arms and "k0" in arms}
-    return {k: v for k, v in out.items() if v is not None}
+    return be.paired_success(arms, [("k1", "k0"), ("k2", "k0")])
 
 
 def markdown(results: dict[str, Any]) -> str:

@@ -733,6 +733,14 @@ def paired_by_seed(a: dict[int, float], b: dict[int, float]) -> dict[str, float]
     return paired([a[s] for s in common], [b[s] for s in common]) if common else None
 
 
+def paired_success(arms: dict[str, dict], pairs: list[tuple[str, str]]) -> dict[str, dict]:
+    """``a - b`` final success for each pair of arms both summarised (``seeds``, ``final_per_seed``), paired
+    over the seeds both finished (:func:`paired_by_seed`); pairs without a common seed are left out."""
+    per_seed = {arm: dict(zip(r["seeds"], r["final_per_seed"])) for arm, r in arms.items()}
+    out = {f"{a} - {b}": paired_by_seed(per_seed[a], per_seed[b]) for a, b in pairs if a in arms and b in arms}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def paired_lines(pairs: dict[str, dict], what: str) -> list[str]:
     """The markdown table of :func:`paired` differences of ``what``, one row per pair."""
     lines = ["| paired over seeds (a - b) | " + what + ": diff [95% CI], MDE80 |", "|---|---|"]

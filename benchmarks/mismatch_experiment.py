@@ -101,9 +101,7 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
 
 def paired(arms: dict[str, dict]) -> dict[str, dict]:
     """Paired differences of final success over the seeds both arms finished (:func:`be.paired`)."""
-    per_seed = {arm: dict(zip(r["seeds"], r["final_per_seed"])) for arm, r in arms.items()}
-    out = {f"{a} - {b}": be.paired_by_seed(per_seed[a], per_seed[b]) for a, b in PAIRS if a in arms and b in arms}
-    return {k: v for k, v in out.items() if v is not None}
+    return be.paired_success(arms, PAIRS)
 
 
 def markdown(results: dict[str, Any]) -> str:
