@@ -13,7 +13,8 @@ The arms differ only in ``distributed.max_staleness`` (0: synchronous); all run 
 experiment's SFT model and spend the same episodes (iterations x episodes per iteration), so held-out
 success compares at equal episodes. A cell records the per-iteration means of every ``time/*`` figure
 (the breakdown of docs/training.md, "Where the time goes"), the waiting and staleness of asynchronous
-collection, and its final held-out success.
+collection, and its final held-out success. No held-out evaluation runs between iterations (asynchronous
+workers would generate during it, out of the iterations' clock).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def base_config(sampler: str, threads: int, extra: dict[str, Any]):
     from compactrl.training.config import override
 
     cfg = be.regime_config("full", REGIME, threads)
-    return override(cfg, {**be.ARMS["ppo_bootstrap"], "eval.initial": False, "rl.ppo.tis_cap": TIS_CAP,
-                          **SAMPLERS[sampler], **extra})
+    # held-out evaluation only after the last iteration: workers running ahead during a curve point's
+    # evaluation would hide collection time from the iterations' wall-clock
+    return override(cfg, {**be.ARMS["ppo_bootstrap"], "eval.initial": False, "eval.every": cfg.rl.iterations,
+                          "rl.ppo.tis_cap": TIS_CAP, **SAMPLERS[sampler], **extra})
 
 
 def summarize(cells: list[dict]) -> dict[str, Any]:

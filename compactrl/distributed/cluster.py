@@ -100,8 +100,9 @@ WAIT_RETRIES = 3
 """Times :func:`wait_one` repeats a ``ray.wait`` that raised ``SystemError``."""
 
 
-def wait_one(refs, *, retries: int = WAIT_RETRIES):
-    """The first of ``refs`` to finish (``ray.wait(refs, num_returns=1)``).
+def wait_one(refs, *, retries: int = WAIT_RETRIES, timeout: float | None = None):
+    """The first of ``refs`` to finish (``ray.wait(refs, num_returns=1)``); None when ``timeout`` seconds pass
+    first.
 
     Ray's ``CoreWorker.wait`` was seen raising ``SystemError`` ("returned a result with an exception
     set") in the driver while an actor it waited on was dying (once, under the test suite at load
@@ -113,8 +114,8 @@ def wait_one(refs, *, retries: int = WAIT_RETRIES):
 
     for attempt in range(retries + 1):
         try:
-            ready, _ = ray.wait(list(refs), num_returns=1)
-            return ready[0]
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+            return ready[0] if ready else None
         except SystemError as exc:
             if attempt == retries:
                 raise

@@ -211,7 +211,8 @@ class _ShareDriver:
 
     A subclass runs the shares on its workers: ``_ensure_workers(indices)`` starts the missing ones and gives
     them the current weights, ``_call(w, plans)`` starts worker ``w`` on a share and returns a handle,
-    ``_wait_done()`` is the first handle of ``_inflight`` to finish, ``_result(handle)`` its episodes and the
+    ``_wait_done(handles, timeout)`` is the first of ``handles`` to finish (None after ``timeout`` seconds),
+    ``_result(handle)`` its episodes and the
     pids of the engines that answered (raising :class:`_WorkerLost` when the worker died), ``_drop_worker(w)``
     forgets a dead worker (the next ``_ensure_workers`` replaces it).
     """
@@ -238,6 +239,12 @@ class _ShareDriver:
         self.restarts = 0
         """Workers replaced after dying."""
         self._next_episode_id = self._next_group_id = self._batches = 0
+        self._taken_since_sync = 0
+        """Asynchronous collection: batches handed out since the last publication of weights."""
+        self._cond = threading.Condition()  # (an RLock) the driver's state, shared with the pump thread
+        self._pump: threading.Thread | None = None
+        self._pump_stop = threading.Event()
+        self._pump_error: BaseException | None = None
         self.set_seed(seed)
         self.last_episode_stats: list[EpisodeStats] = []
         self.last_batch_stats: dict[str, float] = {}
@@ -252,16 +259,19 @@ class _ShareDriver:
     def state_dict(self) -> dict[str, Any]:
         """The task stream's counters, which have counted the shares in flight too: a collector resumed from it
         starts new episodes with new ids (those in flight, and those finished but in no batch, are dropped)."""
-        return {"seed": self._seed, "rng": self._rng.bit_generator.state, "next_episode_id": self._next_episode_id,
-                "next_group_id": self._next_group_id, "batches": self._batches, "policy_version": self.policy_version}
+        with self._cond:
+            return {"seed": self._seed, "rng": self._rng.bit_generator.state,
+                    "next_episode_id": self._next_episode_id, "next_group_id": self._next_group_id,
+                    "batches": self._batches, "policy_version": self.policy_version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.set_seed(state["seed"])
-        self._rng.bit_generator.state = state["rng"]
-        self._next_episode_id, self._next_group_id = int(state["next_episode_id"]), int(state["next_group_id"])
-        self._batches = int(state["batches"])
-        self.policy_version = int(state.get("policy_version", self.policy_version))
-        self._ready = []  # finished under the old counters: never handed out under the new ones
+        with self._cond:
+            self.set_seed(state["seed"])
+            self._rng.bit_generator.state = state["rng"]
+            self._next_episode_id, self._next_group_id = int(state["next_episode_id"]), int(state["next_group_id"])
+            self._batches = int(state["batches"])
+            self.policy_version = int(state.get("policy_version", self.policy_version))
+            self._ready, self._taken_since_sync = [], 0  # finished under the old counters: never handed out
 
     def __iter__(self):
         while self.total_batches is None or self._batches < self.total_batches:
@@ -295,54 +305,114 @@ class _ShareDriver:
     # -- asynchronous collection -------------------------------------------------------------------------
 
     def _next_async(self) -> TensorDict | None:
-        """The next batch from episodes the workers never stop running (``max_staleness > 0``).
+        """The next batch from episodes the workers keep running (``max_staleness > 0``).
 
-        Every worker always has a share in flight, also while the learner trains: a worker that finishes
-        one gets the next at once, at the newest published version, and a busy worker loads weights
-        published mid-share before its next round. A batch takes the first ``episodes_per_batch``
-        finished episodes (whole groups: a share holds whole groups) of which no trace is more than
-        ``max_staleness`` versions older than the newest; older groups are dropped (``stale_dropped``).
+        A pump thread (:meth:`_pump_loop`) keeps every worker busy, also while the learner trains: a worker that
+        finishes a share gets the next at once, at the newest published version, and a busy worker loads
+        weights published mid-share before its next round. Workers run ahead by at most ``max_staleness``
+        batches (:meth:`_room`). A batch takes the first ``episodes_per_batch`` finished episodes (whole
+        groups: a share holds whole groups) of which no trace is more than ``max_staleness`` versions older
+        than the newest; older groups are dropped (``stale_dropped``).
         """
         t0 = time.perf_counter()
         rounds = 0
-        while True:
-            self._refill()
-            self._drop_stale()
-            if len(self._ready) >= self.episodes_per_batch:
-                take, self._ready = self._ready[:self.episodes_per_batch], self._ready[self.episodes_per_batch:]
-                if any(traces for _, traces, _ in take):
-                    break
-                rounds += 1
-                if rounds >= _MAX_TRACELESS_ROUNDS:
-                    raise RuntimeError(f"{rounds} batches in a row ended without a finished trace; the environments "
-                                       "are failing (see the workers' logged sandbox errors)")
-                continue
-            self._await_one()
-        self._batches += 1
-        batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
-        ages = [self.policy_version - v for _, _, vs in take for v in vs]
-        self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
-                                     staleness_mean=sum(ages) / max(len(ages), 1),
-                                     staleness_max=float(max(ages, default=0)),
-                                     episodes_in_flight=float(sum(len(sh) for _, sh, _ in self._inflight.values())))
+        self._start_pump()
+        with self._cond:
+            while True:
+                if self._pump_error is not None:
+                    raise self._pump_error
+                self._drop_stale()
+                if len(self._ready) >= self.episodes_per_batch:
+                    take, self._ready = self._ready[:self.episodes_per_batch], self._ready[self.episodes_per_batch:]
+                    self._cond.notify_all()  # room for more shares
+                    if any(traces for _, traces, _ in take):
+                        break
+                    rounds += 1
+                    if rounds >= _MAX_TRACELESS_ROUNDS:
+                        raise RuntimeError(f"{rounds} batches in a row ended without a finished trace; the "
+                                           "environments are failing (see the workers' logged sandbox errors)")
+                    continue
+                self._cond.wait(timeout=1.0)
+            self._batches += 1
+            self._taken_since_sync += 1
+            self._cond.notify_all()
+            batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
+            ages = [self.policy_version - v for _, _, vs in take for v in vs]
+            self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
+                                         staleness_mean=sum(ages) / max(len(ages), 1),
+                                         staleness_max=float(max(ages, default=0)),
+                                         episodes_in_flight=float(self._outstanding() - len(self._ready)))
         return batch
 
+    def _outstanding(self) -> int:
+        """Episodes started and not yet in a batch: finished (ready) or in flight."""
+        return len(self._ready) + sum(len(sh) for _, sh, _ in self._inflight.values())
+
+    def _room(self) -> int:
+        """Episodes that may still start: the workers run at most ``max_staleness`` batches ahead of the learner.
+        Up to ``(max_staleness + 1) x episodes_per_batch`` episodes may be outstanding, less a batch for each
+        one handed out since the last publication (at most ``max_staleness`` of them: there is always room
+        for the next batch). An episode started at version ``v`` then goes into a batch trained at version at
+        most ``v + max_staleness``, so the bound drops nothing that ran at full speed."""
+        ahead = self.max_staleness + 1 - min(self._taken_since_sync, self.max_staleness)
+        return ahead * self.episodes_per_batch - self._outstanding()
+
+    def _start_pump(self) -> None:
+        with self._cond:
+            if self._pump is None or not self._pump.is_alive():
+                self._pump_stop.clear()
+                self._pump = threading.Thread(target=self._pump_loop, name="compactrl-share-pump", daemon=True)
+                self._pump.start()
+
+    def _stop_pump(self) -> None:
+        """Stop the pump thread (shares in flight keep running until the caller drops them)."""
+        self._pump_stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._pump is not None and self._pump is not threading.current_thread():
+            self._pump.join(timeout=60)
+        self._pump = None
+
+    def _pump_loop(self) -> None:
+        """Give idle workers shares while there is room; move finished shares to the ready list. Waits outside
+        the lock, so the learner's thread publishes weights and takes batches meanwhile."""
+        try:
+            while not self._pump_stop.is_set():
+                with self._cond:
+                    self._refill()
+                    handles = list(self._inflight)
+                    if not handles:
+                        self._cond.wait(timeout=0.5)
+                        continue
+                done = self._wait_done(handles, timeout=0.2)
+                if done is None:
+                    continue
+                with self._cond:
+                    if done in self._inflight and not self._pump_stop.is_set():
+                        self._await_one(done)
+                    self._cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the learner's thread, raised by next()
+            with self._cond:
+                self._pump_error = exc
+                self._cond.notify_all()
+
     def _refill(self) -> None:
-        """Give every worker without a share in flight a new one (whole groups, enough for its envs)."""
+        """Give every worker without a share in flight a new one (whole groups, enough for its envs), while
+        there is room (:meth:`_room`)."""
         idle = [w for w in range(self.num_workers) if all(w != v[0] for v in self._inflight.values())]
-        if idle:
-            self._ensure_workers(idle)
-            groups = max(1, self.envs_per_worker // self.group_size)
-            for w in idle:
-                self._submit(w, self._plan(groups), 0)
+        for w in idle:
+            groups = min(max(1, self.envs_per_worker // self.group_size), self._room() // self.group_size)
+            if groups < 1:
+                return
+            self._ensure_workers([w])
+            self._submit(w, self._plan(groups), 0)
 
     def _submit(self, w: int, share: list[tuple[int, EpisodePlan]], tries: int) -> None:
         self._inflight[self._call(w, [p for _, p in share])] = (w, share, tries)
 
-    def _await_one(self) -> None:
-        """Wait for one share; its episodes join the ready ones and its worker gets the next share at once
-        (a dead worker is replaced and its share re-run, as in synchronous collection)."""
-        done = self._wait_done()
+    def _await_one(self, done: Any) -> None:
+        """A finished share: its episodes join the ready ones (a dead worker is replaced and its share re-run,
+        as in synchronous collection)."""
         w, share, tries = self._inflight.pop(done)
         try:
             episodes, engine_pids = self._result(done)
@@ -452,21 +522,25 @@ class RayCollector(_ShareDriver):
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         """Publish new weights once (one object in the store); workers load them before their next episodes,
         and, collecting asynchronously, the busy ones before their next round (partial rollouts)."""
-        self._pending_weights = policy_or_weights
-        self.policy_version += 1
-        self._weights_ref = None
-        if self._inflight:
-            import ray
+        with self._cond:
+            self._pending_weights = policy_or_weights
+            self.policy_version += 1
+            self._taken_since_sync = 0
+            self._weights_ref = None
+            if self._inflight:
+                import ray
 
-            self._weights_ref = ray.put(_state_of(policy_or_weights)) if policy_or_weights is not None else None
-            for w, _, _ in self._inflight.values():
-                self._workers[w].offer_weights.remote([self._weights_ref], self.policy_version)
-                self._loaded[w] = self.policy_version
+                self._weights_ref = ray.put(_state_of(policy_or_weights)) if policy_or_weights is not None else None
+                for w, _, _ in self._inflight.values():
+                    self._workers[w].offer_weights.remote([self._weights_ref], self.policy_version)
+                    self._loaded[w] = self.policy_version
+            self._cond.notify_all()
 
     def shutdown(self) -> None:
         """Close every worker's envs and end the actors (episodes in flight are dropped). Idempotent."""
         import ray
 
+        self._stop_pump()
         self._inflight, self._ready = {}, []
         alive = [w for w in self._workers if w is not None]
         engines, self._engines = self._engines, []
@@ -571,8 +645,8 @@ class RayCollector(_ShareDriver):
     def _call(self, w: int, plans: list[EpisodePlan]) -> Any:
         return self._workers[w].run.remote(plans)
 
-    def _wait_done(self) -> Any:
-        return wait_one(self._inflight)
+    def _wait_done(self, handles: list[Any], timeout: float) -> Any:
+        return wait_one(handles, timeout=timeout)
 
     def _result(self, done: Any) -> tuple[list, list[int]]:
         import ray
@@ -701,15 +775,23 @@ class ThreadCollector(_ShareDriver):
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         """Publish the learner's new weights (``version``, when given, numbers them; else +1): the sampler's hook
         syncs them now, or the worker's copy loads a clone before its next round (at once if it is idle)."""
-        self.policy_version = int(kwargs.get("version", self.policy_version + 1))
-        if self.sampler is not None:
-            self.sampler.update_weights(policy_or_weights, as_version=self.policy_version, **kwargs)
+        if self.sampler is not None:  # outside the driver's lock: the sync waits for the request in progress
+            version = int(kwargs.get("version", self.policy_version + 1))
+            self.sampler.update_weights(policy_or_weights, as_version=version, **kwargs)
+            with self._cond:
+                self.policy_version, self._taken_since_sync = version, 0
+                self._cond.notify_all()
             return
-        self._source, self._published = None, _cloned_state(policy_or_weights) if policy_or_weights is not None else None
-        busy = {w for w, _, _ in self._inflight.values()}
-        for w in busy:
-            self._workers[w].offer_weights([self._published], self.policy_version)
-            self._loaded[w] = self.policy_version
+        published = _cloned_state(policy_or_weights) if policy_or_weights is not None else None
+        with self._cond:
+            self.policy_version = int(kwargs.get("version", self.policy_version + 1))
+            self._taken_since_sync = 0
+            self._source, self._published = None, published
+            busy = {w for w, _, _ in self._inflight.values()}
+            for w in busy:
+                self._workers[w].offer_weights([self._published], self.policy_version)
+                self._loaded[w] = self.policy_version
+            self._cond.notify_all()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -723,6 +805,7 @@ class ThreadCollector(_ShareDriver):
 
     def shutdown(self) -> None:
         """Stop the running share before its next round (its episodes are dropped), close the envs. Idempotent."""
+        self._stop_pump()
         for worker in self._workers:
             if worker is not None:
                 worker.stopping = True
@@ -752,9 +835,10 @@ class ThreadCollector(_ShareDriver):
     def _call(self, w: int, plans: list[EpisodePlan]) -> concurrent.futures.Future:
         return self._threads[w].submit(self._workers[w].run, plans)
 
-    def _wait_done(self) -> concurrent.futures.Future:
-        done, _ = concurrent.futures.wait(list(self._inflight), return_when=concurrent.futures.FIRST_COMPLETED)
-        return next(f for f in self._inflight if f in done)  # the earliest submitted among the finished
+    def _wait_done(self, handles: list[concurrent.futures.Future], timeout: float
+                   ) -> concurrent.futures.Future | None:
+        done, _ = concurrent.futures.wait(handles, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+        return next((f for f in handles if f in done), None)  # the earliest submitted among the finished
 
     def _result(self, done: concurrent.futures.Future) -> tuple[list, list[int]]:
         try:

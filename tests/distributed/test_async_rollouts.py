@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from compactrl.collectors import TraceCollector
 from compactrl.collectors.episodes import EpisodeStats
 from compactrl.distributed import RayCollector
+from compactrl.distributed.collector import ThreadCollector
 from compactrl.policies.scripted.code import OraclePolicy
 from compactrl.training.config import override, preset
 from compactrl.training.rollouts import build_policy, make_env_fns, worker_policy
@@ -113,6 +114,43 @@ def test_no_admitted_trace_is_older_than_the_bound(ray_cluster, k, seed):
         assert rc._inflight  # the workers kept going while "the learner" ran
     finally:
         rc.shutdown()
+
+
+def _poll(collector, seconds: float) -> list[tuple[int, int]]:
+    """(ready, outstanding) episodes every 20 ms for ``seconds``: what the workers do while "the learner" trains."""
+    seen = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with collector._cond:
+            seen.append((len(collector._ready), collector._outstanding()))
+        time.sleep(0.02)
+    return seen
+
+
+@pytest.mark.parametrize("on_ray", [False, True])
+@pytest.mark.parametrize("k", [1, 2])
+def test_workers_run_ahead_while_the_learner_trains_by_at_most_k_batches(request, on_ray, k):
+    """Between two ``next()`` calls the workers finish ``k`` batches' worth of episodes and then wait: the next
+    batch is ready when the learner asks, nothing is dropped as stale, nothing runs further ahead."""
+    env_fns = make_env_fns(_cfg().env, split="train", count=2)
+    if on_ray:
+        request.getfixturevalue("ray_cluster")
+        col = RayCollector(env_fns, lambda i: OraclePolicy(summary_quality=1.0), num_workers=2, episodes_per_batch=4,
+                           group_size=2, seed=11, max_staleness=k)
+    else:
+        col = ThreadCollector(env_fns, OraclePolicy(summary_quality=1.0), episodes_per_batch=4, group_size=2,
+                              seed=11, max_staleness=k)
+    try:
+        for _ in range(3):
+            assert col.next() is not None
+            seen = _poll(col, 4.0 if on_ray else 1.5)  # "the learner" trains on the batch
+            assert max(out for _, out in seen) <= k * 4  # at most k batches ahead of the one being trained on
+            assert seen[-1][0] == k * 4  # ... and all of them finished while it trained
+            col.update_policy_weights_(None)
+        assert col.stale_dropped == 0
+        assert col.last_batch_stats["staleness_max"] <= k
+    finally:
+        col.shutdown()
 
 
 def test_an_episode_goes_on_with_weights_published_mid_way(ray_cluster):

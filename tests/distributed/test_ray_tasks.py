@@ -70,8 +70,10 @@ def test_wait_one_repeats_a_wait_that_raised_system_error_then_gives_up(monkeypa
 
     calls = []
 
-    def flaky_wait(refs, num_returns):
+    def flaky_wait(refs, num_returns, timeout=None):  # ray.wait's signature
         calls.append(list(refs))
+        if timeout is not None:
+            return [], list(refs)  # nothing finished within the timeout
         if len(calls) <= 2:
             raise SystemError("<method 'wait' of 'ray._raylet.CoreWorker' objects> returned a result "
                               "with an exception set")
@@ -84,3 +86,4 @@ def test_wait_one_repeats_a_wait_that_raised_system_error_then_gives_up(monkeypa
     with pytest.raises(SystemError):
         wait_one(["a", "b"], retries=1)
     assert len(calls) == 2
+    assert wait_one(["a", "b"], timeout=0.1) is None  # a wait that timed out finds nothing
