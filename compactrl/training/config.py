@@ -304,8 +304,8 @@ class DistributedConfig:
     """Shared inference engine actors (1 CPU each) that generate for the rollout workers, worker ``w`` on
     engine ``w mod num_engines`` (0: every worker generates with its own copy of the policy)."""
     max_staleness: int = 0
-    """Asynchronous rollouts: the workers never stop generating (also while the learner trains), a busy
-    worker takes new weights before its next round (an episode goes on with them), and a batch admits
+    """Asynchronous rollouts: the workers keep generating while the learner trains, up to this many batches
+    ahead of it, a busy worker takes new weights before its next round (an episode goes on with them), and a batch admits
     only traces at most this many policy versions older than the newest. Without rollout workers the
     rollouts run on a thread of the trainer's process (its own copy of the policy, or the trainer's vLLM
     engine). 0: synchronous collection, exactly as before (docs/distributed.md#asynchronous-rollouts)."""
