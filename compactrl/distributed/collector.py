@@ -335,7 +335,6 @@ class _ShareDriver:
                 self._cond.wait(timeout=1.0)
             self._batches += 1
             self._taken_since_sync += 1
-            self._cond.notify_all()
             batch = self._batch(sorted(take, key=lambda r: r[0].episode_id))
             ages = [self.policy_version - v for _, _, vs in take for v in vs]
             self.last_batch_stats.update(wait_s=time.perf_counter() - t0, stale_dropped=float(self.stale_dropped),
@@ -356,6 +355,11 @@ class _ShareDriver:
         most ``v + max_staleness``, so the bound drops nothing that ran at full speed."""
         ahead = self.max_staleness + 1 - min(self._taken_since_sync, self.max_staleness)
         return ahead * self.episodes_per_batch - self._outstanding()
+
+    def _set_newest(self, version: int) -> None:
+        """(Under the lock.) ``version`` is the newest: the workers may run ahead of it again (:meth:`_room`)."""
+        self.policy_version, self._taken_since_sync = version, 0
+        self._cond.notify_all()
 
     def _start_pump(self) -> None:
         with self._cond:
@@ -524,8 +528,7 @@ class RayCollector(_ShareDriver):
         and, collecting asynchronously, the busy ones before their next round (partial rollouts)."""
         with self._cond:
             self._pending_weights = policy_or_weights
-            self.policy_version += 1
-            self._taken_since_sync = 0
+            self._set_newest(self.policy_version + 1)
             self._weights_ref = None
             if self._inflight:
                 import ray
@@ -534,7 +537,6 @@ class RayCollector(_ShareDriver):
                 for w, _, _ in self._inflight.values():
                     self._workers[w].offer_weights.remote([self._weights_ref], self.policy_version)
                     self._loaded[w] = self.policy_version
-            self._cond.notify_all()
 
     def shutdown(self) -> None:
         """Close every worker's envs and end the actors (episodes in flight are dropped). Idempotent."""
@@ -779,19 +781,16 @@ class ThreadCollector(_ShareDriver):
             version = int(kwargs.get("version", self.policy_version + 1))
             self.sampler.update_weights(policy_or_weights, as_version=version, **kwargs)
             with self._cond:
-                self.policy_version, self._taken_since_sync = version, 0
-                self._cond.notify_all()
+                self._set_newest(version)
             return
         published = _cloned_state(policy_or_weights) if policy_or_weights is not None else None
         with self._cond:
-            self.policy_version = int(kwargs.get("version", self.policy_version + 1))
-            self._taken_since_sync = 0
+            self._set_newest(int(kwargs.get("version", self.policy_version + 1)))
             self._source, self._published = None, published
             busy = {w for w, _, _ in self._inflight.values()}
             for w in busy:
                 self._workers[w].offer_weights([self._published], self.policy_version)
                 self._loaded[w] = self.policy_version
-            self._cond.notify_all()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
