@@ -35,9 +35,8 @@ def _status_of(line):
     return None
 
 
-def parse_log_pytest(log):
-    """``-rA`` summary lines; the id is the second whitespace-separated word."""
-    status_map = {}
+def _summary_pairs(log):
+    """``(status, test id)`` of each ``-rA`` summary line, the id being its second whitespace-separated word."""
     for line in log.split("\n"):
         if _status_of(line) is None:
             continue
@@ -46,8 +45,12 @@ def parse_log_pytest(log):
         words = line.split()
         if len(words) <= 1 or _is_skip_summary(words[0], words[1]):
             continue
-        status_map[words[1]] = words[0]
-    return status_map
+        yield words[0], words[1]
+
+
+def parse_log_pytest(log):
+    """``-rA`` summary lines; the id is the second whitespace-separated word."""
+    return {name: status for status, name in _summary_pairs(log)}
 
 
 _OPTION = re.compile(r"(.*?)\[(.*)\]")
@@ -56,22 +59,14 @@ _OPTION = re.compile(r"(.*?)\[(.*)\]")
 def parse_log_pytest_options(log):
     """As :func:`parse_log_pytest`, with an absolute-path parameter cut to its base name."""
     status_map = {}
-    for line in log.split("\n"):
-        if _status_of(line) is None:
-            continue
-        if line.startswith("FAILED"):
-            line = line.replace(" - ", " ")
-        words = line.split()
-        if len(words) <= 1 or _is_skip_summary(words[0], words[1]):
-            continue
-        name = words[1]
+    for status, name in _summary_pairs(log):
         match = _OPTION.search(name)
         if match:
             main, option = match.groups()
             if option.startswith("/") and not option.startswith("//") and "*" not in option:
                 option = "/" + option.split("/")[-1]
             name = "%s[%s]" % (main, option)
-        status_map[name] = words[0]
+        status_map[name] = status
     return status_map
 
 
