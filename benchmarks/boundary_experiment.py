@@ -59,6 +59,7 @@ import math
 import os
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -258,6 +259,15 @@ def iteration_means(rows: list[dict], prefix: str, keys: tuple[str, ...] = ()) -
     return {k: v for k in names if (v := _mean([r.get(k) for r in iters])) is not None}
 
 
+def check_rows(rows: list[dict], run_dir: Path) -> None:
+    """A finished run's metrics rows are its iterations 0, 1, ..., in order, once each; anything else means
+    another process wrote into ``run_dir`` and the cell's figures would be wrong (:class:`ValueError`)."""
+    iterations = [r.get("iteration") for r in rows]
+    if iterations != list(range(len(rows))):
+        raise ValueError(f"{run_dir}/metrics.jsonl: iterations {iterations}, expected 0, 1, ... once each "
+                         "(rows from another process); delete the run directory and run the cell again")
+
+
 def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one (regime, arm, seed), evaluate its final model, write ``cells/<name>.json``."""
     from compactrl.provenance import cpu_model
@@ -272,6 +282,7 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(run_dir)  # stopped before its first checkpoint: nothing to resume, start over
         train(cfg, run_dir, resume=(run_dir / "checkpoint.pt").exists())
     rows = RunDir(run_dir).rows()
+    check_rows(rows, run_dir)
     t_eval = time.perf_counter()
     record = {
         "regime": spec["regime"], "arm": spec["arm"], "seed": spec["seed"],
@@ -681,6 +692,18 @@ def spread_report(spreads: dict[str, dict], png: Path) -> str:
 # -- the command -----------------------------------------------------------------------------------
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: end this worker as soon as the process that started it is gone. A killed run
+    (a stop, ``kill``) then leaves no worker training on into a run directory that the restarted run
+    makes again, where its rows would mix with the new run's."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, threads: int = 1) -> None:
     """``fn(spec)`` for every spec: in this process, in ``jobs`` processes, or (``ray_address`` not None;
     "" = a local Ray) as Ray tasks of ``threads`` CPUs, never starting one whose cell file exists."""
@@ -698,7 +721,8 @@ def _run_all(fn, specs: list[dict], jobs: int, ray_address: str | None = None, t
         for spec in specs:
             fn(spec)
         return
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_exit_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         for spec, future in [(s, pool.submit(fn, s)) for s in specs]:
             future.result()
             log.info("finished %s", spec["cell_path"])
