@@ -16,34 +16,20 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import boundary_experiment as be  # noqa: E402
 
-
-def _children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (read from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+from compactrl.sandbox.local import _children, _is_zombie  # noqa: E402  (the /proc readers the sandbox uses)
 
 
 def _alive(pid: int) -> bool:
     try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return not _is_zombie(str(pid))
+    except (OSError, ValueError):
         return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_pool_workers_end_when_the_run_that_started_them_is_killed():
-    code = ("import sys, time; sys.path.insert(0, %r); import boundary_experiment as be; "
-            "be._run_all(time.sleep, [300, 300], jobs=2)" % str(BENCHMARKS))
+    code = (f"import sys, time; sys.path.insert(0, {str(BENCHMARKS)!r}); import boundary_experiment as be; "
+            "be._run_all(time.sleep, [300, 300], jobs=2)")
     parent = subprocess.Popen([sys.executable, "-c", code])
     workers: list[int] = []
     try:
