@@ -14,6 +14,8 @@ Layout of a run directory::
     plots/*.png          learning curves (and plots/curves.png, all of them on one page); plots/wall_clock.png:
                          each RL iteration's time, stacked by phase (:data:`TIME_COMPONENTS`)
     report.md            short summary: configuration, SFT vs final held-out success, curves, where the time goes
+    run.lock             held (``flock``) by the process training into the directory, naming it: a second
+                         one, a resume started while the run goes on, stops with a ValueError
 
 Consistency rule: an iteration's metrics row is appended *before* its checkpoint is written, and
 every checkpoint records how many rows it covers. On resume, rows past the checkpoint are
@@ -24,11 +26,15 @@ name and renamed into place, so a kill never leaves a half-written checkpoint or
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import math
 import os
 import random
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +114,35 @@ class RunDir:
         self._tb = None
 
     # -- config ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def claimed(self) -> Iterator[None]:
+        """Hold the directory for this process (an exclusive ``flock`` on ``run.lock``, made if need be)
+        while the block runs. Another process holding it, a run or a resume still going on, is a
+        :class:`ValueError` naming it: two writers would interleave their metrics rows and checkpoints.
+        The kernel drops the lock when its holder dies, so a killed run leaves nothing to clean up."""
+        made = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        lock = self.path / "run.lock"
+        with open(lock, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                holder = fh.read().strip() or "a process that did not say which"
+                raise ValueError(f"out: {self.path} is in use by another training process ({holder}); "
+                                 "wait for it or stop it, or choose another --out") from None
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            fh.flush()
+            try:
+                yield
+            finally:
+                if made and [p.name for p in self.path.iterdir()] == [lock.name]:
+                    lock.unlink()  # stopped before writing anything (a bad config, --resume of nothing):
+                    self.path.rmdir()  # leave no directory behind
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def create(self, config_json: str, *, resume: bool) -> None:
         """Make the directory for a new run, or check it for a resumed one."""

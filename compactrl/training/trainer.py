@@ -217,16 +217,17 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: 
     saved at N ranks loads at M).
     """
     t_start = time.perf_counter()
-    cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations, learner=learner)
-    r = setup(cfg, run, progress, t_start)
-    run.record_machine(machine_stamp(), resume=resume)  # after setup: it sets the thread count
-    try:
-        return _train(r, cfg, run, state, progress)
-    finally:
-        if r.rollouts is not None:  # also when the run stops with an error: no engine process outlives it
-            r.rollouts.close()
-        if r.learner is not None:  # nor a learner rank
-            r.learner.close()
+    with RunDir(out).claimed():  # one process at a time writes into a run directory
+        cfg, run, state = open_run(cfg, out, resume=resume, iterations=iterations, learner=learner)
+        r = setup(cfg, run, progress, t_start)
+        run.record_machine(machine_stamp(), resume=resume)  # after setup: it sets the thread count
+        try:
+            return _train(r, cfg, run, state, progress)
+        finally:
+            if r.rollouts is not None:  # also when the run stops with an error: no engine process outlives it
+                r.rollouts.close()
+            if r.learner is not None:  # nor a learner rank
+                r.learner.close()
 
 
 def _train(r: Run, cfg: TrainConfig, run: RunDir, state: dict[str, Any] | None, progress: Any) -> TrainResult:
